@@ -1,0 +1,92 @@
+"""Sampling losslessness: speculative sampling with a *sampled* draft is distributed exactly as
+target-only sampling, at the first and at a later generated position (chi-square against the exact
+target distribution, computed by enumeration on an 8-token vocabulary); and a negative control:
+DESIGN.md's leaking rule (verify a drafted token only after seeing that it is token 0) is caught
+by the same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from tests.pairs import tiny_pair
+from workers.runner import PairRunner
+from workers.sampler import SamplingParams, probs_from_logits
+
+V, N_SAMPLES, PROMPT, LATER = 8, 20_000, [3, 1, 4], 3  # LATER: the 3rd generated token
+
+
+def exact_marginals(target, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """P(first token), P(token at position LATER) under target-only sampling, by enumeration."""
+    def dist(seq):
+        with torch.no_grad():
+            return probs_from_logits(target.forward_train(torch.tensor([seq]))[0, -1], sp).double().numpy()
+    first = dist(PROMPT)
+    later = np.zeros(V)
+    for path in itertools.product(range(V), repeat=LATER - 1):
+        p_path = np.prod([dist(PROMPT + list(path[:i]))[path[i]] for i in range(len(path))])
+        later += p_path * dist(PROMPT + list(path))
+    return first, later
+
+
+def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int) -> np.ndarray:
+    """(N_SAMPLES, LATER) tokens from speculative sampling with a sampled draft."""
+    batch = 2000
+    runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed)
+    out = []
+    for _ in range(N_SAMPLES // batch):
+        slots = np.array(runner.add_many([PROMPT] * batch))
+        while min(len(runner.seqs[s]) for s in slots) < len(PROMPT) + LATER:
+            budgets = np.full(batch, depth)
+            verify_fn = None
+            if leak:  # decides whether to verify x_1 after looking at it: NOT lossless
+                def verify_fn(top1, ent, drafted):
+                    return np.where(runner.last_draft_tokens[:, 0] == 0, 1, 0)
+            runner.step(slots, budgets, verify_fn=verify_fn)
+        out.extend(runner.seqs[s][len(PROMPT): len(PROMPT) + LATER] for s in slots)
+        for s in slots:
+            runner.remove(int(s))
+    return np.array(out)
+
+
+def p_values(samples: np.ndarray, first: np.ndarray, later: np.ndarray) -> tuple[float, float]:
+    res = []
+    for col, exp in ((0, first), (LATER - 1, later)):
+        obs = np.bincount(samples[:, col], minlength=V)
+        keep = exp * len(samples) > 5  # chi-square needs expected counts > 5; pool the rest
+        f_obs = np.append(obs[keep], obs[~keep].sum())
+        f_exp = np.append(exp[keep], exp[~keep].sum()) * len(samples)
+        if f_exp[-1] == 0:
+            f_obs, f_exp = f_obs[:-1], f_exp[:-1]
+        res.append(chisquare(f_obs, f_exp * f_obs.sum() / f_exp.sum()).pvalue)
+    return res[0], res[1]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
+def test_speculative_sampling_matches_target(pair, sp):
+    target, draft = pair
+    first, later = exact_marginals(target, sp)
+    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11)
+    p1, p3 = p_values(samples, first, later)
+    print(f"\n{sp}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
+    assert p1 >= 0.01 and p3 >= 0.01
+
+
+def test_negative_control_leaking_rule_is_caught(pair):
+    target, draft = pair
+    sp = SamplingParams(1.0)
+    first, later = exact_marginals(target, sp)
+    samples = speculative_samples(target, draft, sp, depth=1, leak=True, seed=12)
+    p1, _ = p_values(samples, first, later)
+    print(f"\nleaking rule: p(first) = {p1:.3g}")
+    assert p1 < 1e-6

@@ -1,0 +1,256 @@
+"""A decoder-only transformer in the Llama/Qwen shape, with a slot KV cache and ragged forwards.
+
+Read top to bottom: config, norm, rotary embedding, attention, MLP, block, model. One forward
+serves prefill, drafting and verification: each sequence in the batch brings its own number of
+new tokens (1..T), they are padded to T, and every new token gets logits in ONE call. The KV
+cache is preallocated (one slot per running sequence); rolling back rejected positions is just
+resetting the slot's length (see `kv_cache.py`), nothing is copied or recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from workers.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a model; names follow Llama's config.json where one exists."""
+
+    vocab_size: int = 4096
+    dim: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int = 2  # grouped-query attention: n_heads // n_kv_heads queries share a KV head
+    ffn_dim: int = 1024  # SwiGLU hidden size
+    max_seq_len: int = 1024  # positions the KV cache and RoPE tables hold
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2 has biases on q, k and v
+    qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head before RoPE
+    head_dim: int = 0  # 0 means dim // n_heads (Qwen3 may set it explicitly)
+    rope_scaling: Optional[dict] = None  # Llama-3 style {"rope_type": "llama3", ...} or None
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim == 0 and self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
+        if min(self.vocab_size, self.dim, self.n_layers, self.max_seq_len) <= 0:
+            raise ValueError(f"sizes must be positive: {self}")
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables of shape (n_pos, hd // 2), with Llama-3 frequency scaling when configured."""
+    hd = cfg.hd
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    sc = cfg.rope_scaling or {}
+    if sc.get("rope_type", sc.get("type")) == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old_len = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    elif sc.get("rope_type", sc.get("type")) == "linear":
+        inv_freq = inv_freq / sc["factor"]
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float64), inv_freq)  # (n_pos, hd/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, nh, hd); cos/sin: (B, T, hd/2). Rotate-half convention (as HF Llama)."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, nh, hd/2) each
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.hd
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: Optional[KVCache], meta: "BatchMeta") -> torch.Tensor:
+        B, T, _ = x.shape
+        cfg, hd = self.cfg, self.cfg.hd
+        q = self.wq(x).view(B, T, cfg.n_heads, hd)  # (B, T, nh, hd)
+        k = self.wk(x).view(B, T, cfg.n_kv_heads, hd)  # (B, T, nkv, hd)
+        v = self.wv(x).view(B, T, cfg.n_kv_heads, hd)  # (B, T, nkv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:  # training: plain causal attention over the T tokens
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, nkv, T, hd)
+            mask = None
+        else:
+            cache.write(layer, meta.slots, meta.write_pos, k, v)
+            keys, values = cache.read(layer, meta.read_index, meta.span)  # (B, nkv, S, hd)
+            mask = meta.mask  # (B, 1, T, S)
+        rep = cfg.n_heads // cfg.n_kv_heads
+        if mask is None:
+            if rep > 1:
+                keys = keys.repeat_interleave(rep, dim=1)  # (B, nh, T, hd)
+                values = values.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True)
+        else:
+            # GQA without copying keys: fold each KV head's `rep` query heads into the query axis
+            qg = q.transpose(1, 2).reshape(B, cfg.n_kv_heads, rep * T, hd)  # (B, nkv, rep*T, hd)
+            y = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # (B, nkv, rep*T, hd)
+            y = y.view(B, cfg.n_heads, T, hd)  # (B, nh, T, hd)
+        return self.wo(y.transpose(1, 2).reshape(B, T, cfg.n_heads * hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layer, cache, meta):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer, cache, meta)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@dataclass
+class BatchMeta:
+    """Where a ragged batch's new tokens go in the cache and what each may attend to."""
+
+    slots: torch.Tensor  # (B,) long: cache slot of each sequence
+    positions: torch.Tensor  # (B, T) long: absolute position of each new token
+    write_pos: torch.Tensor  # (B, T) long: positions, padding sent to the cache's scratch column
+    read_index: slice | torch.Tensor  # slots as a slice when consecutive, for copy-free reads
+    span: int  # S: keys to read, max over the batch of (length + new tokens)
+    mask: torch.Tensor  # (B, 1, rep*T, S) bool: key s visible to query t (repeated per query head)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg, cfg.max_seq_len + 1)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len + 1, hd/2)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def init_weights(self, seed: int) -> None:
+        """GPT-2 style init: normal(0, 0.02), residual projections scaled by 1/sqrt(2 * layers)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
+            with torch.no_grad():
+                if p.dim() == 1:
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def forward_train(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, T) -> logits (B, T, V), causal, no cache."""
+        B, T = tokens.shape
+        pos = torch.arange(T, device=tokens.device).expand(B, T)
+        x = self.embed(tokens)  # (B, T, dim)
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, T, hd/2)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, None, None)
+        return self.lm_head(self.norm(x))
+
+    def forward(self, cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor,
+                n_new: torch.Tensor, logits: bool = True) -> Optional[torch.Tensor]:
+        """Ragged forward: sequence b appends tokens[b, :n_new[b]] to its slot and gets their logits.
+
+        Args:
+            cache: the KV cache this model owns; slot lengths advance by n_new.
+            slots: (B,) long, distinct slot ids.
+            tokens: (B, T) long, right-padded new tokens.
+            n_new: (B,) long, 1 <= n_new[b] <= T.
+            logits: False skips the LM head (prefill whose logits nobody reads).
+        Returns:
+            (B, T, V) float32 logits; rows t >= n_new[b] are padding and meaningless.
+        """
+        B, T = tokens.shape
+        dev = self.device
+        start = cache.lengths_t(slots)  # (B,) long, on the cache's device
+        t = torch.arange(T, device=dev)
+        positions = start[:, None] + t[None, :]  # (B, T)
+        end = start + n_new  # (B,)
+        if int(end.max()) > cache.max_len:
+            raise ValueError(f"sequence exceeds the context of {cache.max_len} tokens")
+        valid = t[None, :] < n_new[:, None]  # (B, T)
+        write_pos = torch.where(valid, positions, torch.full_like(positions, cache.max_len))
+        span = int(end.max())
+        s = torch.arange(span, device=dev)
+        mask = (s[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
+        rep = self.cfg.n_heads // self.cfg.n_kv_heads
+        mask = mask.repeat(1, 1, rep, 1)  # (B, 1, rep*T, S): query heads folded per KV head
+        meta = BatchMeta(slots, positions, write_pos, cache.slot_index(slots), span, mask)
+        pos_c = positions.clamp(max=self.cfg.max_seq_len)
+        cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (B, T, hd/2)
+        x = self.embed(tokens)  # (B, T, dim)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache, meta)
+        cache.advance(slots, n_new)
+        if not logits:
+            return None
+        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,207 @@
+"""PairRunner: a draft model and a target model over many sequences, one speculative step at a time.
+
+The runner owns the two KV caches and each sequence's committed tokens. Cache invariant: for a
+sequence of n committed tokens, the target's slot holds n - 1 positions (the last committed token
+is fed at the start of the next step), and the draft's slot holds at most n - 1 (it catches up on
+whatever it lacks in its first pass of the next draft). `step` is the whole speculative step:
+draft, verify in one ragged target pass, rejection-sample, roll back; the depth decisions come in
+as callbacks so that no policy logic lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from workers.kv_cache import KVCache
+from workers.model import Transformer
+from workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
+                             rejection_sample, sample)
+
+# keep_fn(j, top1 (B, j), entropy (B, j), drafted (B,)) -> (B,) bool: draft position j + 1?
+KeepFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# verify_fn(top1 (B, J), entropy (B, J), drafted (B,)) -> (B,) verify lengths d_r <= drafted_r
+VerifyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class NonFiniteLogits(ValueError):
+    """A model produced NaN or inf logits for a sequence."""
+
+
+@dataclass
+class StepResult:
+    slots: np.ndarray  # (B,) int64
+    drafted: np.ndarray  # (B,) int64: tokens drafted per sequence
+    verified: np.ndarray  # (B,) int64: d_r
+    accepted: np.ndarray  # (B,) int64: a_r
+    emitted: list[list[int]]  # B lists of a_r + 1 tokens (empty for a failed sequence)
+    top1: np.ndarray  # (B, J) float: draft top-1 probability per drafted position, 0 past drafted
+    entropy: np.ndarray  # (B, J) float
+    draft_s: float  # wall time of all draft passes
+    target_s: float  # wall time of the verification pass (+ sampling)
+    draft_passes: int
+    step_tokens: int  # N = sum_r (d_r + 1)
+    context_tokens: int  # sum of committed lengths before the step
+    failed: dict[int, Exception] = field(default_factory=dict)  # row -> error (that sequence only)
+
+
+class PairRunner:
+    def __init__(self, target: Transformer, draft: Transformer, n_slots: int, max_depth: int,
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                 max_len: int | None = None) -> None:
+        if target.cfg.vocab_size != draft.cfg.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                             f"({target.cfg.vocab_size})")
+        self.target, self.draft = target, draft
+        self.device = target.device
+        self.max_depth = max_depth
+        self.max_len = min(max_len or target.cfg.max_seq_len, target.cfg.max_seq_len, draft.cfg.max_seq_len)
+        dt = target.embed.weight.dtype
+        self.tcache = KVCache(target.cfg.n_layers, n_slots, target.cfg.n_kv_heads, target.cfg.hd,
+                              self.max_len + max_depth + 1, dt, self.device)
+        self.dcache = KVCache(draft.cfg.n_layers, n_slots, draft.cfg.n_kv_heads, draft.cfg.hd,
+                              self.max_len + max_depth + 1, draft.embed.weight.dtype, self.device)
+        self.sampling = sampling
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.seqs: dict[int, list[int]] = {}  # slot -> committed tokens (prompt + generated)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.cfg.vocab_size
+
+    # ---- sequences --------------------------------------------------------------------------
+    def add(self, tokens: list[int]) -> int:
+        """Claim a slot for a sequence and prefill all but its last token. Returns the slot."""
+        return self.add_many([tokens])[0]
+
+    def add_many(self, seqs: list[list[int]]) -> list[int]:
+        """Claim slots for several sequences and prefill them in one ragged pass per model."""
+        slots = []
+        for tokens in seqs:
+            slot = self.tcache.allocate()
+            assert slot == self.dcache.allocate(), "draft and target caches allocate in lockstep"
+            self.seqs[slot] = list(tokens)
+            slots.append(slot)
+        todo = [(s, t[:-1]) for s, t in zip(slots, seqs) if len(t) > 1]
+        if todo:
+            T = max(len(t) for _, t in todo)
+            x = torch.zeros((len(todo), T), dtype=torch.long)
+            for i, (_, t) in enumerate(todo):
+                x[i, : len(t)] = torch.tensor(t)
+            sl = torch.tensor([s for s, _ in todo], device=self.device)
+            n = torch.tensor([len(t) for _, t in todo], device=self.device)
+            with torch.inference_mode():
+                for model, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
+                    model(cache, sl, x.to(self.device), n, logits=False)
+        return slots
+
+    def remove(self, slot: int) -> None:
+        self.seqs.pop(slot)
+        self.tcache.release(slot)
+        self.dcache.release(slot)
+
+    # ---- the speculative step ---------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None = None,
+             verify_fn: VerifyFn | None = None) -> StepResult:
+        """Draft up to budgets[r] tokens, verify the chosen prefix in one target pass, commit.
+
+        Args:
+            slots: (B,) int64 running sequences' slots.
+            budgets: (B,) int64 draft budgets L_r in [0, max_depth].
+            keep_fn: asked after each draft pass whether each sequence drafts one more token.
+            verify_fn: verify lengths after drafting (default: everything drafted).
+        """
+        B = len(slots)
+        ctx_tokens = sum(len(self.seqs[s]) for s in slots)
+        t0 = time.perf_counter()
+        tokens, qprobs, top1, ent, drafted, passes = self._draft(slots, budgets, keep_fn)
+        self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
+        t1 = time.perf_counter()
+        J = tokens.shape[1]
+        verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
+        verify = np.minimum(np.maximum(verify, 0), drafted)
+        D = int(verify.max(initial=0))
+        seq_t = torch.tensor(slots, device=self.device)
+        inp = torch.zeros((B, D + 1), dtype=torch.long, device=self.device)  # last committed + drafts
+        inp[:, 0] = torch.tensor([self.seqs[s][-1] for s in slots], device=self.device)
+        inp[:, 1:] = tokens[:, :D]
+        d_t = torch.tensor(verify, device=self.device)
+        logits = self.target(self.tcache, seq_t, inp, d_t + 1)  # (B, D + 1, V)
+        failed = self._check_finite(logits, verify + 1, "target")
+        if self.sampling.greedy:
+            verdict = greedy_verify(tokens[:, :D], logits.argmax(-1), d_t)
+        else:
+            p = probs_from_logits(logits, self.sampling)  # (B, D + 1, V)
+            q = None if qprobs is None else qprobs[:, :D]
+            verdict = rejection_sample(tokens[:, :D], q, p, d_t, self.gen)
+        accepted = verdict.accepted.cpu().numpy()
+        out = verdict.tokens.cpu().tolist()
+        emitted = []
+        for r, s in enumerate(slots):
+            n = len(self.seqs[s])
+            if r in failed:
+                self.tcache.truncate(s, n - 1)
+                emitted.append([])
+                continue
+            new = out[r][: accepted[r] + 1]
+            self.seqs[s].extend(new)
+            self.tcache.truncate(s, n + accepted[r])  # keep prefix + accepted drafts
+            self.dcache.truncate(s, min(self.dcache.lengths[s], n + accepted[r]))
+            emitted.append(new)
+        t2 = time.perf_counter()
+        return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
+                          t1 - t0, t2 - t1, passes, int((verify + 1).sum()), ctx_tokens, failed)
+
+    def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
+        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts."""
+        B, K = len(slots), int(budgets.max(initial=0))
+        tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=self.device)
+        qprobs = None if self.sampling.greedy else torch.zeros((B, max(K, 1), self.vocab_size), device=self.device)
+        top1 = np.zeros((B, K))
+        ent = np.zeros((B, K))
+        drafted = np.zeros(B, dtype=np.int64)
+        active = budgets > 0
+        j = 0
+        while j < K and active.any():
+            rows = np.flatnonzero(active)
+            if j == 0:  # catch up: everything committed that the draft cache lacks
+                pend = [self.seqs[slots[r]][self.dcache.lengths[slots[r]]:] for r in rows]
+            else:
+                pend = [[int(tokens[r, j - 1])] for r in rows]
+            T = max(len(p) for p in pend)
+            inp = torch.zeros((len(rows), T), dtype=torch.long, device=self.device)
+            for i, p in enumerate(pend):
+                inp[i, : len(p)] = torch.tensor(p)
+            n_new = torch.tensor([len(p) for p in pend], device=self.device)
+            logits = self.draft(self.dcache, torch.tensor(slots[rows], device=self.device), inp, n_new)
+            last = logits[torch.arange(len(rows)), n_new - 1]  # (b, V): distribution for x_{j+1}
+            bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
+            if bad:  # a draft that cannot be trusted drafts nothing more; verification stays exact
+                for i in bad:
+                    active[rows[i]] = False
+                last = torch.nan_to_num(last)
+            p1, h = confidence_features(last)
+            top1[rows, j], ent[rows, j] = p1.cpu().numpy(), h.cpu().numpy()
+            q = probs_from_logits(last, self.sampling)  # (b, V)
+            x = q.argmax(-1) if self.sampling.greedy else sample(q, self.gen)
+            tokens[rows, j] = x
+            if qprobs is not None:
+                qprobs[rows, j] = q
+            drafted[rows[active[rows]]] += 1
+            j += 1
+            active &= drafted < budgets
+            if keep_fn is not None and active.any() and j < K:
+                active &= np.asarray(keep_fn(j, top1[:, :j], ent[:, :j], drafted), dtype=bool)
+        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j
+
+    def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
+        T = logits.shape[1]
+        valid = torch.arange(T, device=logits.device)[None, :] < torch.tensor(n_valid, device=logits.device)[:, None]
+        finite = (torch.isfinite(logits).all(-1) | ~valid).all(-1).cpu().numpy()  # (B,)
+        return {int(r): NonFiniteLogits(f"{which} model produced NaN/inf logits")
+                for r in np.flatnonzero(~finite)}
