@@ -1,0 +1,347 @@
+"""Acceptance learning: calibrated confidences c_{r,j} from features known before draft token j.
+
+c_{r,j} = P(position j of sequence r is accepted | positions < j were), DESIGN.md's confidence.
+Two layers, both pure numpy and deterministic:
+
+1. Global, per position j (positions past `max_positions` share the last model): a logistic
+   regression of acceptance on the draft's top-1 probability t and entropy H at j,
+       logit c = w0 * log t + w1 * (-log(1 - t)) + w2 * H + w3,
+   the beta-calibration family (Kull et al. 2017) plus entropy. w = (1, 1, 0, 0) is the
+   identity c = t, the prior for position 1; position j's prior is position j - 1's fit (a
+   Gaussian prior of precision `ridge`). It is refit every `refit_every` counted observations by
+   warm-started Newton (IRLS) steps on *binned sufficient statistics*: per (position, logit-t bin,
+   entropy bin) the count, the accepts and the feature sums. These add up across replicas, so
+   `merge` pools them exactly, and they take fixed memory; an effective window caps each
+   position's count (older statistics are scaled down) so the model keeps adapting. The same
+   fit also sets the global conditional acceptance rate of each position (Beta-smoothed counts,
+   each position's prior being the previous one's), which `prior_conf` uses before drafting.
+   The global layer changes only at a fit, so a step's predictions never depend on the order of
+   observations in between.
+2. Per sequence, a Beta-Bernoulli posterior on how the sequence compares with the global model:
+   with n counted observations, `acc` of them accepted, and g the mean global prediction for
+   them, theta = (acc + k g) / (n + k) (prior Beta(k g, k (1 - g)), k = `seq_strength`), applied
+   as a log-odds shift logit(theta) - logit(g). A fresh sequence gets no shift.
+
+Observation rule (`observe`): position i (1-based) of a sequence with verified length d and
+accepted count a is a conditional observation iff i <= d and i <= a + 1; it was accepted iff
+i <= a. Positions after the first rejection were never tested given their prefix, so they say
+nothing about c_i.
+
+Calibration report (`ece`, `brier`): every verified position i <= d of every observed step is one
+(predicted survival s_i = prod_{k<=i} c_k, realised survival 1[i <= a]) pair, predicted by the
+model as it stood *before* that observation (prequential). ECE uses `ece_bins` equal-width bins
+of predicted survival: sum_b (n_b / n) |mean predicted_b - mean realised_b|. Brier is the mean
+squared difference. The same is kept for raw survival prod top1 (`raw=True`), the uncalibrated
+baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-6
+IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
+Z_EDGES = np.linspace(-6.0, 6.0, 25)  # logit(top1) bin edges: 26 bins, 0.5 wide inside
+H_EDGES = np.array([0.05, 0.2, 0.5, 1.0, 2.0, 4.0])  # entropy (nats) bin edges: 7 bins
+N_CELLS = (len(Z_EDGES) + 1) * (len(H_EDGES) + 1)
+N_FEAT = 3  # log t, -log(1 - t), H
+SEQ_COLS = 6  # accepted, rejected, sum c_global, sum (1 - c_global), sum g, sum (1 - g)
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    max_positions: int = 16  # positions with their own regression; deeper ones share the last
+    refit_every: int = 256  # counted observations between refits
+    newton_steps: int = 8  # Newton iterations per refit at most (warm-started; stops when settled)
+    ridge: float = 1.0  # precision of the Gaussian prior on each position's weights
+    window: float = 50_000.0  # effective observations kept per position (older ones scaled down)
+    seq_strength: float = 8.0  # k: pseudo-observations of the global model in a sequence's posterior
+    rate_strength: float = 4.0  # pseudo-observations pulling position j's global rate to j - 1's
+    prior_rate: float = 0.5  # the global rate before any observation
+    ece_bins: int = 15  # equal-width bins of predicted survival
+
+    def __post_init__(self) -> None:
+        if self.max_positions < 1 or self.refit_every < 1 or self.newton_steps < 1 or self.ece_bins < 1:
+            raise ValueError(f"counts must be >= 1: {self}")
+        if min(self.ridge, self.window, self.seq_strength, self.rate_strength) <= 0:
+            raise ValueError(f"strengths and window must be positive: {self}")
+        if not 0 < self.prior_rate < 1:
+            raise ValueError(f"prior_rate must be in (0, 1): {self}")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -30.0, 30.0)))
+
+
+def _logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.log(p) - np.log1p(-p)
+
+
+def _features(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+    """(..., 3) features [log t, -log(1 - t), H] of top-1 probabilities and entropies."""
+    t = np.clip(top1, EPS, 1 - EPS)
+    return np.stack([np.log(t), -np.log1p(-t), np.maximum(entropy, 0.0)], axis=-1)
+
+
+def _cell(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+    """Feature-bin index in [0, N_CELLS) of each (top1, entropy)."""
+    zi = np.digitize(_logit(top1), Z_EDGES)
+    return zi * (len(H_EDGES) + 1) + np.digitize(entropy, H_EDGES)
+
+
+def calibration_error(pred: np.ndarray, outcome: np.ndarray, n_bins: int = 15) -> float:
+    """ECE of probabilities `pred` against 0/1 `outcome`, equal-width bins (as `AcceptanceModel.ece`)."""
+    pred, outcome = np.ravel(pred).astype(np.float64), np.ravel(outcome).astype(np.float64)
+    b = np.minimum((pred * n_bins).astype(np.int64), n_bins - 1)
+    n = np.bincount(b, minlength=n_bins)
+    gap = np.abs(np.bincount(b, pred, n_bins) - np.bincount(b, outcome, n_bins))
+    return float(gap.sum() / max(n.sum(), 1))
+
+
+class AcceptanceModel:
+    """Online calibrated confidences; see the module docstring for the model and its rules."""
+
+    def __init__(self, config: AcceptanceConfig | None = None) -> None:
+        self.config = cfg = config or AcceptanceConfig()
+        P = cfg.max_positions
+        self.cells = np.zeros((P, N_CELLS, 2 + N_FEAT))  # per cell: n, accepted, feature sums
+        self.weights = np.tile(IDENTITY, (P, 1))  # (P, 4) current fit
+        self.global_rates = np.full(P, cfg.prior_rate)  # (P,) conditional acceptance rates, as of the fit
+        self.since_fit = 0  # counted observations since the last fit
+        self._seq_row: dict[int, int] = {}  # sequence id -> row of seq_stats
+        self.seq_stats = np.zeros((0, SEQ_COLS))  # (rows, SEQ_COLS)
+        self._free_rows: list[int] = []
+        self.metrics = np.zeros((2, cfg.ece_bins, 3))  # [calibrated, raw] x bin x (n, sum pred, sum real)
+        self.brier_sum = np.zeros(2)  # [calibrated, raw] sum of squared errors
+
+    # ---- predictions ----------------------------------------------------------------------
+    def _pos(self, J: int) -> np.ndarray:
+        """(J,) regression index of columns 0..J-1 (position = column + 1)."""
+        return np.minimum(np.arange(J), self.config.max_positions - 1)
+
+    def _global_conf(self, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+        """(B, J) global-model confidences, no per-sequence shift."""
+        w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
+        x = _features(top1, entropy)  # (B, J, 3)
+        return _sigmoid((x * w[:, :N_FEAT]).sum(-1) + w[:, N_FEAT])
+
+    def rates(self, K: int) -> np.ndarray:
+        """(K,) global conditional acceptance rate per position, as of the last fit."""
+        return self.global_rates[self._pos(K)]
+
+    def _rows(self, seq_ids: np.ndarray) -> np.ndarray:
+        """(B,) rows of known sequences, -1 for unknown ones."""
+        return np.array([self._seq_row.get(int(s), -1) for s in np.ravel(seq_ids)], dtype=np.int64)
+
+    def _shift(self, rows: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
+        """(B,) log-odds shift from each sequence's Beta-Bernoulli posterior (0 when unknown)."""
+        out = np.zeros(len(rows))
+        known = rows >= 0
+        if not known.any():
+            return out
+        st = self.seq_stats[rows[known]]  # (b, SEQ_COLS)
+        n = st[:, 0] + st[:, 1]
+        g = st[:, pred_cols[0]] / np.maximum(st[:, pred_cols[0]] + st[:, pred_cols[1]], EPS)
+        k = self.config.seq_strength
+        theta = (st[:, 0] + k * g) / (n + k)
+        out[known] = np.where(n > 0, _logit(theta) - _logit(g), 0.0)
+        return out
+
+    def calibrate(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+        """Calibrated confidences.
+
+        Args:
+            seq_ids: (B,) request ids.
+            top1: (B, J) the draft's top-1 probability at positions 1..J (column + 1); 0 marks
+                padding past a sequence's drafted length.
+            entropy: (B, J) the draft's entropy (nats) at those positions.
+        Returns:
+            (B, J) c_{r,j}; 0 where top1 is 0. Column j depends on column j's features and the
+            sequence's history only (never on other columns): safe for causal verification.
+        """
+        top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
+        shift = self._shift(self._rows(seq_ids), (2, 3))  # (B,)
+        w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
+        z = (_features(top1, entropy) * w[:, :N_FEAT]).sum(-1) + w[:, N_FEAT] + shift[:, None]
+        return np.where(top1 > 0, _sigmoid(z), 0.0)
+
+    def prior_conf(self, seq_ids: np.ndarray, K: int) -> np.ndarray:
+        """(B, K) history-based confidences before drafting: the global per-position rates,
+        shifted by each sequence's own acceptance history (Beta-Bernoulli, as `calibrate`)."""
+        shift = self._shift(self._rows(seq_ids), (4, 5))  # (B,)
+        return _sigmoid(_logit(self.rates(K))[None, :] + shift[:, None])
+
+    # ---- learning -------------------------------------------------------------------------
+    def observe(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray,
+                verified: np.ndarray, accepted: np.ndarray) -> None:
+        """Learn from one step's outcome (see the module docstring's observation rule).
+
+        Args:
+            seq_ids: (B,) request ids.
+            top1, entropy: (B, J) features of the drafted positions, as given to `calibrate`.
+            verified: (B,) d_r, 0 <= d_r <= J.
+            accepted: (B,) a_r, 0 <= a_r <= d_r.
+        Raises:
+            ValueError: on inconsistent shapes or counts.
+        """
+        top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
+        d, a = np.asarray(verified, np.int64), np.asarray(accepted, np.int64)
+        B, J = top1.shape
+        if entropy.shape != (B, J) or d.shape != (B,) or a.shape != (B,) or len(np.ravel(seq_ids)) != B:
+            raise ValueError(f"observe: shapes top1 {top1.shape}, entropy {entropy.shape}, "
+                             f"verified {d.shape}, accepted {a.shape}, seq_ids {np.shape(seq_ids)}")
+        if (a < 0).any() or (a > d).any() or (d > J).any():
+            raise ValueError("observe: need 0 <= accepted <= verified <= J")
+        i = np.arange(1, J + 1)[None, :]  # (1, J) 1-based positions
+        tested = i <= d[:, None]  # (B, J) verified positions
+        counted = tested & (i <= a[:, None] + 1)  # conditional observations
+        y = (i <= a[:, None]).astype(np.float64)  # (B, J) accepted / survived
+        self._record(self.calibrate(seq_ids, top1, entropy), top1, tested, y)
+        g_conf = self._global_conf(top1, entropy)  # (B, J)
+        g_rate = np.broadcast_to(self.rates(J)[None, :], (B, J))
+        self._update_seqs(seq_ids, counted, y, g_conf, g_rate)
+        pos = np.broadcast_to(self._pos(J)[None, :], (B, J))[counted]
+        cell = _cell(top1[counted], entropy[counted])
+        stats = np.concatenate([np.ones((len(pos), 1)), y[counted][:, None],
+                                _features(top1[counted], entropy[counted])], axis=1)  # (n, 5)
+        np.add.at(self.cells, (pos, cell), stats)
+        self.since_fit += len(pos)
+        if self.since_fit >= self.config.refit_every:
+            self.fit()
+
+    def _record(self, conf: np.ndarray, top1: np.ndarray, tested: np.ndarray, y: np.ndarray) -> None:
+        nb = self.config.ece_bins
+        for k, c in enumerate((conf, np.clip(top1, 0.0, 1.0))):
+            s = np.cumprod(c, axis=1)[tested]  # predicted survival of verified positions
+            r = y[tested]
+            b = np.minimum((s * nb).astype(np.int64), nb - 1)
+            np.add.at(self.metrics[k], b, np.stack([np.ones_like(s), s, r], axis=1))
+            self.brier_sum[k] += float(((s - r) ** 2).sum())
+
+    def _update_seqs(self, seq_ids: np.ndarray, counted: np.ndarray, y: np.ndarray,
+                     g_conf: np.ndarray, g_rate: np.ndarray) -> None:
+        m = counted.astype(np.float64)
+        upd = np.stack([(m * y).sum(1), (m * (1 - y)).sum(1), (m * g_conf).sum(1),
+                        (m * (1 - g_conf)).sum(1), (m * g_rate).sum(1), (m * (1 - g_rate)).sum(1)], 1)
+        for s, u in zip(np.ravel(seq_ids), upd):
+            row = self._row_for(int(s))  # may grow seq_stats: index after
+            self.seq_stats[row] += u
+
+    def _row_for(self, seq_id: int) -> int:
+        row = self._seq_row.get(seq_id)
+        if row is None:
+            if self._free_rows:
+                row = self._free_rows.pop()
+            else:
+                row = len(self.seq_stats)
+                self.seq_stats = np.concatenate([self.seq_stats, np.zeros((max(8, row), SEQ_COLS))])
+                self._free_rows = list(range(len(self.seq_stats) - 1, row, -1))
+            self.seq_stats[row] = 0.0
+            self._seq_row[seq_id] = row
+        return row
+
+    def forget(self, seq_ids: np.ndarray) -> None:
+        """Drop finished sequences' histories (their contribution to the global fit stays)."""
+        for s in np.ravel(seq_ids):
+            row = self._seq_row.pop(int(s), None)
+            if row is not None:
+                self._free_rows.append(row)
+
+    def fit(self) -> None:
+        """Refit every position's regression from the binned statistics (Newton/IRLS)."""
+        cfg = self.config
+        n_pos = self.cells[:, :, 0].sum(1)  # (P,)
+        over = n_pos > cfg.window
+        self.cells[over] *= (cfg.window / n_pos[over])[:, None, None]  # effective window
+        prior, rate = IDENTITY, cfg.prior_rate
+        n, acc = self.cells[:, :, 0].sum(1), self.cells[:, :, 1].sum(1)  # (P,)
+        for p in range(cfg.max_positions):
+            self.weights[p] = prior = self._fit_position(self.cells[p], prior, self.weights[p])
+            # Beta-smoothed rate, each position's prior being the previous position's rate
+            self.global_rates[p] = rate = (acc[p] + cfg.rate_strength * rate) / (n[p] + cfg.rate_strength)
+        self.since_fit = 0
+
+    def _fit_position(self, cells: np.ndarray, prior: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """MAP logistic regression on one position's binned statistics (weights (4,))."""
+        used = cells[:, 0] > 0
+        n, acc = cells[used, 0], cells[used, 1]  # (m,)
+        x = np.concatenate([cells[used, 2:] / n[:, None], np.ones((len(n), 1))], axis=1)  # (m, 4)
+        lam = self.config.ridge
+        w = w.copy()
+        for _ in range(self.config.newton_steps):
+            p = _sigmoid(x @ w)
+            grad = x.T @ (acc - n * p) - lam * (w - prior)
+            hess = (x.T * (n * p * (1 - p))) @ x + lam * np.eye(4)
+            step = np.linalg.solve(hess, grad)
+            step *= min(1.0, 4.0 / max(np.abs(step).max(), EPS))  # damp wild first steps
+            w += step
+            if np.abs(step).max() < 1e-7:
+                break
+        return w
+
+    # ---- calibration report ---------------------------------------------------------------
+    def ece(self, raw: bool = False) -> float:
+        """Expected calibration error of predicted vs realised survival (module docstring);
+        `raw=True` for the uncalibrated prod top1. NaN before any observation."""
+        m = self.metrics[int(raw)]
+        total = m[:, 0].sum()
+        return float(np.abs(m[:, 1] - m[:, 2]).sum() / total) if total else float("nan")
+
+    def brier(self, raw: bool = False) -> float:
+        """Mean squared error of predicted vs realised survival. NaN before any observation."""
+        total = self.metrics[int(raw)][:, 0].sum()
+        return float(self.brier_sum[int(raw)] / total) if total else float("nan")
+
+    def reset_metrics(self) -> None:
+        self.metrics[:] = 0.0
+        self.brier_sum[:] = 0.0
+
+    # ---- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain numpy/Python state: sufficient statistics, fit, sequence histories, metrics."""
+        ids = np.array(sorted(self._seq_row), dtype=np.int64)
+        return {"config": asdict(self.config), "cells": self.cells.copy(), "weights": self.weights.copy(),
+                "global_rates": self.global_rates.copy(), "since_fit": self.since_fit, "seq_ids": ids,
+                "seq_stats": self.seq_stats[[self._seq_row[int(s)] for s in ids]].reshape(-1, SEQ_COLS),
+                "metrics": self.metrics.copy(), "brier_sum": self.brier_sum.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.__init__(AcceptanceConfig(**state["config"]))
+        self._check(state)
+        self.cells[:] = state["cells"]
+        self.weights[:] = state["weights"]
+        self.global_rates[:] = state["global_rates"]
+        self.since_fit = int(state["since_fit"])
+        self._add_seqs(state)
+        self.metrics[:] = state["metrics"]
+        self.brier_sum[:] = state["brier_sum"]
+
+    def merge(self, other: dict[str, Any]) -> None:
+        """Pool another replica's `state_dict` into this one, then refit.
+
+        Binned statistics, sequence histories and calibration tallies add up, so merging the
+        states of replicas equals one model fed all their observations (exactly, as long as
+        neither refit in between: a sequence's predicted sums use the model of its time).
+        Raises:
+            ValueError: the other state has a different binning or number of positions.
+        """
+        self._check(other)
+        self.cells += other["cells"]
+        self._add_seqs(other)
+        self.metrics += other["metrics"]
+        self.brier_sum += other["brier_sum"]
+        self.fit()
+
+    def _check(self, state: dict[str, Any]) -> None:
+        if np.shape(state["cells"]) != self.cells.shape or np.shape(state["metrics"]) != self.metrics.shape:
+            raise ValueError(f"acceptance state shapes {np.shape(state['cells'])}/{np.shape(state['metrics'])} "
+                             f"do not match this model's {self.cells.shape}/{self.metrics.shape}")
+
+    def _add_seqs(self, state: dict[str, Any]) -> None:
+        for s, st in zip(np.asarray(state["seq_ids"]).tolist(), np.asarray(state["seq_stats"])):
+            row = self._row_for(int(s))
+            self.seq_stats[row] += st

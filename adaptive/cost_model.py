@@ -1,0 +1,448 @@
+"""Step-time models: how long a target pass over N step tokens, and a draft pass, take.
+
+The allocation maximises Theta = tau * SPS(N) (DESIGN.md "Allocation"); this module is SPS. Three
+kinds behind one interface, `CostModel` (which implements `policies.base.StepCost`):
+
+- `FixedCost`: every pass takes a constant time, for checks against Leviathan's formulas.
+- `RooflineCost`: step time = max(compute, memory) + overhead, from a GPU preset and a
+  target/draft size pair, for replay at scale.
+- `ProfiledCost`: a measured table over (step tokens x context tokens), interpolated, refined
+  online from reported step times with a bounded update. `adaptive.profiler.profile` builds one.
+
+Times are seconds. `context_tokens` is the KV held by the whole batch (sum over sequences), which
+is what a pass has to read. `parse_cost` turns a CLI spec into a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+FORMAT = "specdepth-cost-v1"
+
+
+def _like(x: np.ndarray, ref: Any) -> np.ndarray | float:
+    """Return a Python float when the caller passed a scalar, else the array."""
+    return float(x) if np.ndim(ref) == 0 else x
+
+
+class CostModel(ABC):
+    """Step-time model (seconds). Every kind is listed in `COST_KINDS` under its `kind`."""
+
+    kind: ClassVar[str] = ""
+
+    @abstractmethod
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        """One target pass over `n_tokens` step tokens (vectorised) with `context_tokens` of KV."""
+
+    @abstractmethod
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        """One draft pass: one token for each of `batch_size` sequences."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description; `CostModel.from_dict` inverts it."""
+
+    def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
+                draft_passes: int, draft_s: float) -> None:
+        """Refine from one measured step (target pass and `draft_passes` draft passes). Default: no-op."""
+        return None
+
+    def sps(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        """SPS(N, ctx): target steps per second."""
+        return _like(1.0 / np.asarray(self.target_time(n_tokens, context_tokens)), n_tokens)
+
+    def knee(self, context_tokens: int = 0, elasticity: float = 0.5, max_tokens: int = 1 << 14) -> int:
+        """Step tokens where the target pass turns compute-bound: the smallest N whose step-time
+        elasticity N * (t(N + 1) - t(N)) / t(N) reaches `elasticity`.
+
+        Below the knee time per token falls almost as 1/N (extra step tokens are nearly free: the
+        free compute speculation spends); past it, doubling N costs at least ~2**elasticity - 1
+        more time. For a roofline it is where compute overtakes memory. Returns `max_tokens` when
+        the curve never gets that steep within it (e.g. `FixedCost`).
+        """
+        n = np.arange(1, max_tokens + 2)
+        t = np.asarray(self.target_time(n, context_tokens), dtype=np.float64)
+        e = n[:-1] * np.diff(t) / t[:-1]  # (max_tokens,) elasticity at N = 1..max_tokens
+        above = np.nonzero(e >= elasticity)[0]
+        return int(n[above[0]]) if len(above) else max_tokens
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **self.to_dict()}, indent=1)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "CostModel":
+        """Raises ValueError on an unknown kind or bad fields."""
+        d = dict(d)
+        d.pop("format", None)
+        kind = d.pop("kind", None)
+        if kind not in COST_KINDS:
+            raise ValueError(f"unknown cost model kind {kind!r}; expected one of {sorted(COST_KINDS)}")
+        try:
+            return COST_KINDS[kind]._from_dict(d)
+        except TypeError as e:  # missing or unexpected fields
+            raise ValueError(f"bad {kind} cost model: {e}") from None
+
+    @staticmethod
+    def from_json(text: str) -> "CostModel":
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("format", FORMAT) != FORMAT:
+            raise ValueError(f"not a specdepth cost model (expected format {FORMAT!r})")
+        return CostModel.from_dict(d)
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> "CostModel":
+        return cls(**d)
+
+
+# ---- fixed -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FixedCost(CostModel):
+    """Every target pass takes `target_ms`, every draft pass `draft_ms`, whatever the tokens."""
+
+    target_ms: float = 10.0
+    draft_ms: float = 0.5
+    kind: ClassVar[str] = "fixed"
+
+    def __post_init__(self) -> None:
+        if not (self.target_ms > 0 and self.draft_ms >= 0):
+            raise ValueError(f"need target_ms > 0 and draft_ms >= 0, got {self}")
+
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        return _like(np.full(np.shape(n_tokens), self.target_ms * 1e-3), n_tokens)
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        return self.draft_ms * 1e-3
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+# ---- roofline --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GPUSpec:
+    bandwidth: float  # bytes/s: achievable device-memory bandwidth (device-to-device copy)
+    peak_flops: float  # FLOP/s: achievable dense bf16 (a large square matmul)
+    note: str
+
+
+GPUS: dict[str, GPUSpec] = {
+    "h200": GPUSpec(4.3e12, 790e12, "H200 SXM 141GB, measured here: 4.3 TB/s D2D copy, 790 TFLOP/s "
+                    "bf16 8192^3 matmul (datasheet 4.8 TB/s, 989 TFLOP/s)"),
+    "h100": GPUSpec(3.0e12, 750e12, "H100 SXM 80GB: datasheet 3.35 TB/s HBM3, 989 TFLOP/s dense bf16; "
+                    "~90% / ~75% achievable, as commonly measured"),
+    "a100": GPUSpec(1.75e12, 270e12, "A100 SXM 80GB: datasheet 2.039 TB/s HBM2e, 312 TFLOP/s dense "
+                    "bf16; ~86% / ~87% achievable, as commonly measured"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Attention shape of a named dense model: enough to size its KV cache per token."""
+
+    name: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_token(self, bytes_per_elem: float) -> float:
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_elem  # K and V
+
+
+# Sizes in billions of parameters. The 27B default is Gemma-2-27B's shape (GQA 32 query : 16 KV
+# heads; 368 KiB of bf16 KV per token; its sliding-window layers are counted as global, an upper
+# bound beyond 4k tokens per sequence). Other sizes use the nearest entry in log size, unless the
+# spec sets target_kv_bytes / draft_kv_bytes.
+SHAPES: dict[float, ModelShape] = {
+    1: ModelShape("Llama-3.2-1B", 16, 8, 64),  # 32 KiB/token
+    3: ModelShape("Llama-3.2-3B", 28, 8, 128),  # 112 KiB/token
+    8: ModelShape("Llama-3.1-8B", 32, 8, 128),  # 128 KiB/token
+    27: ModelShape("Gemma-2-27B", 46, 16, 128),  # 368 KiB/token
+    70: ModelShape("Llama-3.1-70B", 80, 8, 128),  # 320 KiB/token
+    405: ModelShape("Llama-3.1-405B", 126, 8, 128),  # 504 KiB/token
+}
+
+
+def shape_for(params_b: float) -> ModelShape:
+    """The named shape nearest to `params_b` billion parameters (in log size)."""
+    return SHAPES[min(SHAPES, key=lambda b: abs(math.log(b / params_b)))]
+
+
+@dataclass(frozen=True)
+class RooflineCost(CostModel):
+    """step time = max(compute, memory) + overhead, per pass.
+
+    compute = 2 * params * tokens / (compute_eff * peak_flops)
+    memory  = (params * bytes_per_param + kv_bytes_per_token * context_tokens) / (memory_eff * bandwidth)
+    Attention FLOPs and activation traffic are ignored (small next to the weights at these sizes).
+    """
+
+    gpu: str = "h200"  # key of GPUS
+    target_b: float = 27.0  # target parameters, billions (dense)
+    draft_b: float = 1.0  # draft parameters, billions
+    bytes_per_param: float = 2.0  # bf16 weights and KV
+    compute_eff: float = 0.75  # share of peak FLOP/s a decode step's GEMMs reach
+    memory_eff: float = 0.9  # share of copy bandwidth weight streaming reaches
+    target_overhead_ms: float = 1.0  # launches, sampling, scheduling per target pass (CUDA graphs)
+    draft_overhead_ms: float = 0.3
+    target_kv_bytes: float = 0.0  # KV bytes per context token; 0: from SHAPES
+    draft_kv_bytes: float = 0.0
+    bandwidth_tbs: float = 0.0  # override the preset's bandwidth (TB/s); 0: preset
+    peak_tflops: float = 0.0  # override the preset's peak (TFLOP/s); 0: preset
+    kind: ClassVar[str] = "roofline"
+
+    def __post_init__(self) -> None:
+        if self.gpu not in GPUS:
+            raise ValueError(f"unknown gpu {self.gpu!r}; expected one of {sorted(GPUS)}")
+        if min(self.target_b, self.draft_b, self.bytes_per_param, self.compute_eff, self.memory_eff) <= 0:
+            raise ValueError(f"sizes and efficiencies must be positive: {self}")
+        if min(self.target_overhead_ms, self.draft_overhead_ms, self.target_kv_bytes, self.draft_kv_bytes,
+               self.bandwidth_tbs, self.peak_tflops) < 0:
+            raise ValueError(f"overheads, KV sizes and overrides must be >= 0: {self}")
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bandwidth_tbs * 1e12 or GPUS[self.gpu].bandwidth
+
+    @property
+    def peak(self) -> float:
+        return self.peak_tflops * 1e12 or GPUS[self.gpu].peak_flops
+
+    def kv_bytes(self, params_b: float, override: float) -> float:
+        return override or shape_for(params_b).kv_bytes_per_token(self.bytes_per_param)
+
+    def _pass(self, params_b: float, kv_override: float, overhead_ms: float, tokens: np.ndarray,
+              context_tokens: float) -> np.ndarray:
+        params = params_b * 1e9
+        compute = 2.0 * params * tokens / (self.compute_eff * self.peak)
+        read = params * self.bytes_per_param + self.kv_bytes(params_b, kv_override) * context_tokens
+        memory = read / (self.memory_eff * self.bandwidth)
+        return np.maximum(compute, memory) + overhead_ms * 1e-3
+
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        n = np.asarray(n_tokens, dtype=np.float64)
+        return _like(self._pass(self.target_b, self.target_kv_bytes, self.target_overhead_ms, n,
+                                context_tokens), n_tokens)
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        return float(self._pass(self.draft_b, self.draft_kv_bytes, self.draft_overhead_ms,
+                                np.float64(batch_size), context_tokens))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+# ---- profiled --------------------------------------------------------------------------------
+def _cells(x: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bracketing grid indices (i0, i1) and weight w of i1 for each x, linear extrapolation on
+    the right (w > 1), clamped on the left (w = 0)."""
+    if len(grid) == 1:
+        z = np.zeros(np.shape(x), dtype=np.int64)
+        return z, z, np.zeros(np.shape(x))
+    i0 = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    w = (np.asarray(x, np.float64) - grid[i0]) / (grid[i0 + 1] - grid[i0])
+    return i0, i0 + 1, np.maximum(w, 0.0)
+
+
+def _bilinear(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, r: Any, c: Any) -> np.ndarray:
+    """table (R, C) over grids rows x cols, evaluated at (r, c) (broadcast)."""
+    r0, r1, wr = _cells(r, rows)
+    c0, c1, wc = _cells(c, cols)
+    lo = (1 - wc) * table[r0, c0] + wc * table[r0, c1]
+    hi = (1 - wc) * table[r1, c0] + wc * table[r1, c1]
+    return (1 - wr) * lo + wr * hi
+
+
+def _update_weights(x: float, grid: np.ndarray) -> list[tuple[int, float]]:
+    """Which cells an observation at x corrects, and by what share. Beyond the right edge both
+    edge cells move together, so the extrapolated line scales instead of tilting."""
+    if len(grid) == 1 or x <= grid[0]:
+        return [(0, 1.0)]
+    if x >= grid[-1]:
+        return [(len(grid) - 2, 1.0), (len(grid) - 1, 1.0)]
+    i0, i1, w = _cells(np.float64(x), grid)
+    return [(int(i0), 1.0 - float(w)), (int(i1), float(w))]
+
+
+def _isotonic(y: np.ndarray) -> np.ndarray:
+    """Least-squares non-decreasing fit of a 1-D sequence (pool adjacent violators).
+
+    Unlike a running max, one slow outlier is averaged with its neighbours instead of raising
+    everything after it. It is order-preserving and scale-equivariant, so a cell moved by at most
+    a factor (1 + s) moves the fitted curve by at most that factor too.
+    """
+    vals: list[float] = []
+    counts: list[int] = []
+    for v in y:
+        vals.append(float(v))
+        counts.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            n = counts[-2] + counts[-1]
+            vals[-2] = (vals[-2] * counts[-2] + vals[-1] * counts[-1]) / n
+            counts[-2] = n
+            vals.pop()
+            counts.pop()
+    return np.repeat(vals, counts)
+
+
+def _monotone(table: np.ndarray) -> np.ndarray:
+    """(Nc, Nx) table made non-decreasing along both axes: more tokens or more context is never
+    faster. Isotonic along x, then along context (which keeps the first, being order-preserving)."""
+    rows = np.stack([_isotonic(r) for r in table])
+    return np.stack([_isotonic(c) for c in rows.T], axis=1)
+
+
+class ProfiledCost(CostModel):
+    """Measured step times, interpolated (piecewise linear, extrapolated linearly on the right).
+
+    Tables are (context grid x token grid) for the target and (context grid x batch grid) for one
+    draft pass. Online refinement keeps a log-correction per grid cell: an observed/predicted
+    ratio r moves the cells around the observation by clip(lr * log r, +-log(1 + max_step)),
+    shared by their interpolation weights, so no single step moves a prediction inside the grid
+    by more than `max_step`, while consistent evidence converges geometrically. `frozen` turns
+    refinement off (exact replays).
+    """
+
+    kind: ClassVar[str] = "profiled"
+
+    def __init__(self, token_grid: Any, ctx_grid: Any, target_s: Any, draft_batch_grid: Any,
+                 draft_s: Any, *, lr: float = 0.1, max_step: float = 0.03, frozen: bool = False,
+                 target_logcorr: Any = None, draft_logcorr: Any = None,
+                 meta: dict[str, Any] | None = None) -> None:
+        self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
+        self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
+        self.batch_grid = np.asarray(draft_batch_grid, np.float64)  # (Nb,) draft batch sizes
+        self.base_target = np.asarray(target_s, np.float64).reshape(len(self.ctx_grid), -1)  # (Nc, Nt)
+        self.base_draft = np.asarray(draft_s, np.float64).reshape(len(self.ctx_grid), -1)  # (Nc, Nb)
+        for name, g in (("token_grid", self.token_grid), ("ctx_grid", self.ctx_grid),
+                        ("draft_batch_grid", self.batch_grid)):
+            if len(g) == 0 or np.any(np.diff(g) <= 0):
+                raise ValueError(f"{name} must be non-empty and strictly increasing, got {g.tolist()}")
+        if self.base_target.shape[1] != len(self.token_grid) or self.base_draft.shape[1] != len(self.batch_grid):
+            raise ValueError("table shapes do not match their grids")
+        if not (np.all(self.base_target > 0) and np.all(self.base_draft > 0)):
+            raise ValueError("step times must be positive")
+        if not (0 < max_step < 1 and 0 < lr <= 1):
+            raise ValueError(f"need 0 < max_step < 1 and 0 < lr <= 1, got {max_step}, {lr}")
+        self.base_target, self.base_draft = _monotone(self.base_target), _monotone(self.base_draft)
+        self.lr, self.max_step, self.frozen = float(lr), float(max_step), bool(frozen)
+        self.target_logcorr = np.zeros_like(self.base_target) if target_logcorr is None \
+            else np.asarray(target_logcorr, np.float64).reshape(self.base_target.shape)
+        self.draft_logcorr = np.zeros_like(self.base_draft) if draft_logcorr is None \
+            else np.asarray(draft_logcorr, np.float64).reshape(self.base_draft.shape)
+        self.meta = dict(meta or {})
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.target_table = _monotone(self.base_target * np.exp(self.target_logcorr))  # (Nc, Nt)
+        self.draft_table = _monotone(self.base_draft * np.exp(self.draft_logcorr))  # (Nc, Nb)
+
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        n = np.asarray(n_tokens, np.float64)
+        return _like(_bilinear(self.target_table, self.ctx_grid, self.token_grid, context_tokens, n), n_tokens)
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        return float(_bilinear(self.draft_table, self.ctx_grid, self.batch_grid, context_tokens, batch_size))
+
+    def _correct(self, logcorr: np.ndarray, cols: np.ndarray, x: float, ctx: float, observed: float,
+                 predicted: float) -> None:
+        if not (math.isfinite(observed) and observed > 0 and predicted > 0):
+            return
+        bound = math.log1p(self.max_step)
+        step = min(max(self.lr * math.log(observed / predicted), -bound), bound)
+        for ci, wc in _update_weights(ctx, self.ctx_grid):
+            for xi, wx in _update_weights(x, cols):
+                logcorr[ci, xi] += wc * wx * step
+
+    def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
+                draft_passes: int, draft_s: float) -> None:
+        """Bounded multiplicative correction of the cells around this step (see class doc).
+        The draft's time is attributed per pass at `draft_batch` (its first, largest pass)."""
+        if self.frozen:
+            return
+        if n_tokens > 0:
+            self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
+                          self.target_time(n_tokens, context_tokens))
+        if draft_passes > 0 and draft_batch > 0:
+            self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
+                          draft_s / draft_passes, self.draft_time(draft_batch, context_tokens))
+        self._refresh()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "token_grid": self.token_grid.tolist(), "ctx_grid": self.ctx_grid.tolist(),
+                "target_s": self.base_target.tolist(), "draft_batch_grid": self.batch_grid.tolist(),
+                "draft_s": self.base_draft.tolist(), "lr": self.lr, "max_step": self.max_step,
+                "frozen": self.frozen, "target_logcorr": self.target_logcorr.tolist(),
+                "draft_logcorr": self.draft_logcorr.tolist(), "meta": self.meta}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+COST_KINDS: dict[str, type[CostModel]] = {k.kind: k for k in (FixedCost, RooflineCost, ProfiledCost)}
+
+
+# ---- specs -----------------------------------------------------------------------------------
+def _spec_kwargs(cls: type, body: str, spec: str, fixed: dict[str, Any]) -> dict[str, Any]:
+    """'a=1,b=2' -> typed keyword arguments for dataclass `cls`."""
+    types = {f.name: f.type for f in fields(cls)}
+    out = dict(fixed)
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or key not in types or key in fixed:
+            valid = sorted(k for k in types if k not in fixed)
+            raise ValueError(f"bad cost spec {spec!r}: {item!r} is not key=value with key in {valid}")
+        try:
+            out[key] = val.strip() if types[key] in ("str", str) else float(val)
+        except ValueError:
+            raise ValueError(f"bad cost spec {spec!r}: {key}={val!r} is not a number") from None
+    return out
+
+
+def load_cost(path: str | Path) -> CostModel:
+    """Read a cost model JSON (as written by `to_json`). Raises ValueError naming the file."""
+    try:
+        return CostModel.from_json(Path(path).read_text())
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"cannot read cost model {str(path)!r}: {e}") from None
+
+
+def parse_cost(spec: str) -> CostModel:
+    """A cost model from a CLI spec.
+
+    Specs: `h200` | `h100` | `a100` [`:key=value,...`] (RooflineCost fields, e.g.
+    `h200:target_b=70,draft_b=1`), `roofline:gpu=h100,...`, `fixed:target_ms=10,draft_ms=0.5`, or
+    the path of a JSON written by `CostModel.to_json` / `specdepth profile`.
+
+    Raises:
+        ValueError: naming the spec, when it is none of these or a value is bad.
+    """
+    s = spec.strip()
+    name, _, body = s.partition(":")
+    kinds: dict[str, tuple[type, dict[str, Any]]] = {
+        "fixed": (FixedCost, {}), "roofline": (RooflineCost, {}),
+        **{g: (RooflineCost, {"gpu": g}) for g in GPUS}}
+    if name not in kinds and (s.endswith(".json") or Path(s).is_file()):
+        return load_cost(s)
+    if name not in kinds:
+        raise ValueError(f"bad cost spec {spec!r}: expected one of {sorted(kinds)} (optionally "
+                         f"':key=value,...') or the path of a profile JSON")
+    cls, fixed = kinds[name]
+    kwargs = _spec_kwargs(cls, body, spec, fixed)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # __post_init__ validation
+        raise ValueError(f"bad cost spec {spec!r}: {e}") from None
+
+
+def profile(*args: Any, **kwargs: Any) -> ProfiledCost:
+    """Time real forwards; see `adaptive.profiler.profile` (imported lazily: it needs torch)."""
+    from adaptive.profiler import profile as _profile
+    return _profile(*args, **kwargs)

@@ -1,0 +1,115 @@
+"""Measure a draft/target pair's step times on this machine: the table behind `ProfiledCost`.
+
+A target step of N step tokens is timed as a verification pass really runs: ceil(N / T)
+sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), logits on, each
+sequence holding an equal share of `context_tokens` in the KV cache. The cache is only advanced,
+never filled: attention cost depends on lengths, not values. A draft pass is `batch` sequences of
+one token. Each point is the median of `repeats` timed forwards after one warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from adaptive.cost_model import ProfiledCost
+from workers.kv_cache import KVCache
+from workers.model import Transformer
+
+TOKEN_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+CTX_GRID = (0, 1024, 4096, 16384)
+DRAFT_BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
+QUICK = dict(token_grid=(1, 8, 64), ctx_grid=(0, 256), draft_batch_grid=(1, 8), repeats=2)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_forward(model: Transformer, n_tokens: int, context_tokens: int, tokens_per_seq: int,
+                 repeats: int) -> float:
+    """Median seconds of one ragged forward of `n_tokens` new tokens over `context_tokens` of KV.
+
+    Args:
+        model: the model to time (its device and dtype are used).
+        n_tokens: step tokens N >= 1.
+        context_tokens: KV positions already held, summed over the batch.
+        tokens_per_seq: new tokens per sequence T (the last sequence gets the remainder).
+        repeats: timed runs (>= 1) after one warm-up.
+    """
+    device, cfg = model.device, model.cfg
+    t = min(n_tokens, tokens_per_seq)
+    b = math.ceil(n_tokens / t)
+    n_new = np.full(b, t, dtype=np.int64)  # (b,)
+    n_new[-1] = n_tokens - t * (b - 1)
+    ctx = np.full(b, context_tokens // b, dtype=np.int64) + (np.arange(b) < context_tokens % b)  # (b,)
+    dtype = model.embed.weight.dtype
+    cache = KVCache(cfg.n_layers, b, cfg.n_kv_heads, cfg.hd, int(ctx.max()) + t, dtype, device)
+    slots = [cache.allocate() for _ in range(b)]
+    slots_t = torch.tensor(slots, dtype=torch.long, device=device)  # (b,)
+    cache.advance(slots_t, torch.from_numpy(ctx))
+    tokens = (torch.arange(b * t, device=device) % cfg.vocab_size).view(b, t)  # (b, t)
+    n_new_t = torch.from_numpy(n_new).to(device)  # (b,)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        model(cache, slots_t, tokens, n_new_t, logits=True)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        for s, c in zip(slots, ctx):
+            cache.truncate(s, int(c))
+    return float(np.median(times[1:]))
+
+
+def profile(target: Transformer, draft: Transformer, device: torch.device | str | None = None,
+            token_grid: Sequence[int] = TOKEN_GRID, ctx_grid: Sequence[int] = CTX_GRID,
+            draft_batch_grid: Sequence[int] = DRAFT_BATCH_GRID, repeats: int = 5,
+            tokens_per_seq: int = 4, quick: bool = False) -> ProfiledCost:
+    """Time the pair on a grid and return the (monotone) table as a `ProfiledCost`.
+
+    Args:
+        target, draft: the models, already on `device`.
+        device: where they run (default: the target's device); only checked.
+        token_grid: step tokens N to time the target at.
+        ctx_grid: total context tokens to time both at.
+        draft_batch_grid: draft batch sizes.
+        repeats: timed runs per point (median).
+        tokens_per_seq: new tokens per sequence in a target pass (a verify length + 1).
+        quick: a tiny grid with 2 repeats (tests, smoke runs); overrides the grids and repeats.
+    Returns:
+        ProfiledCost whose `meta` records the device, dtype, sizes and grid settings.
+    Raises:
+        ValueError: models not on `device`, or a bad grid.
+    """
+    if quick:
+        token_grid, ctx_grid = QUICK["token_grid"], QUICK["ctx_grid"]
+        draft_batch_grid, repeats = QUICK["draft_batch_grid"], QUICK["repeats"]
+    device = torch.device(device) if device is not None else target.device
+    if target.device != device or draft.device != device:
+        raise ValueError(f"models are on {target.device} / {draft.device}, not {device}")
+    if repeats < 1 or tokens_per_seq < 1 or min(token_grid) < 1 or min(draft_batch_grid) < 1:
+        raise ValueError("repeats, tokens_per_seq and grid sizes must be >= 1")
+    target_s = np.array([[time_forward(target, n, c, tokens_per_seq, repeats) for n in token_grid]
+                         for c in ctx_grid])  # (Nc, Nt)
+    draft_s = np.array([[time_forward(draft, b, c, 1, repeats) for b in draft_batch_grid]
+                        for c in ctx_grid])  # (Nc, Nb)
+    meta = {"device": str(device), "device_name": _device_name(device),
+            "dtype": str(target.embed.weight.dtype).removeprefix("torch."),
+            "target_params": target.num_params(), "draft_params": draft.num_params(),
+            "repeats": repeats, "tokens_per_seq": tokens_per_seq, "torch": torch.__version__,
+            "raw_target_s": target_s.tolist(), "raw_draft_s": draft_s.tolist()}
+    # ProfiledCost makes the tables monotone; the raw medians stay in meta for inspection.
+    return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, meta=meta)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu x{torch.get_num_threads()} threads"

@@ -1,0 +1,123 @@
+"""`specdepth profile`: time the bundled pair's target and draft passes, write the cost table.
+
+    specdepth profile --out cost.json [--plot cost.png] [--quick]
+
+The JSON is a `ProfiledCost` (`--cost cost.json` elsewhere reuses this machine's curve in
+replays). The plot is the picture behind the whole project: target step time is flat in the step
+tokens N up to the knee (extra tokens are free compute that speculation spends) and linear after
+it, so time per token falls as 1/N and then stops falling.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from adaptive.cost_model import ProfiledCost
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("profile", help="time the bundled pair's forwards; write a cost table JSON",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="where to write the ProfiledCost JSON")
+    p.add_argument("--plot", type=Path, default=None, help="also draw step time and time per token (PNG)")
+    p.add_argument("--quick", action="store_true", help="tiny grid, 2 repeats (smoke test)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if available)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per grid point (median)")
+    p.add_argument("--token-grid", type=_ints, default=None, help="step tokens, e.g. 1,2,4,...,512")
+    p.add_argument("--ctx-grid", type=_ints, default=None, help="total context tokens, e.g. 0,1024,4096")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from adaptive.profiler import CTX_GRID, TOKEN_GRID, profile
+    from workers.bundled import load_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    pair = load_pair()
+    target, draft = (m.to(device=device, dtype=dtype).eval() for m in (pair.target, pair.draft))
+    cost = profile(target, draft, device, token_grid=args.token_grid or TOKEN_GRID,
+                   ctx_grid=args.ctx_grid or CTX_GRID, repeats=args.repeats, quick=args.quick)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    cost.save(args.out)
+    print(summary(cost))
+    print(f"wrote {args.out}")
+    if args.plot:
+        plot_profile(cost, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def summary(cost: ProfiledCost) -> str:
+    """Text table: target step time (ms) per context row and step tokens, and the knee."""
+    m = cost.meta
+    lines = [f"device {m.get('device_name', m.get('device', '?'))}, {m.get('dtype', '?')}: target "
+             f"{m.get('target_params', 0) / 1e6:.1f}M, draft {m.get('draft_params', 0) / 1e6:.1f}M params",
+             "target step ms   " + " ".join(f"{int(n):>7d}" for n in cost.token_grid) + "   (step tokens)"]
+    for c, row in zip(cost.ctx_grid, cost.target_table):
+        lines.append(f"  ctx {int(c):>9d}  " + " ".join(f"{t * 1e3:7.2f}" for t in row))
+    lines.append("draft pass ms    " + " ".join(f"{int(b):>7d}" for b in cost.batch_grid) + "   (batch)")
+    for c, row in zip(cost.ctx_grid, cost.draft_table):
+        lines.append(f"  ctx {int(c):>9d}  " + " ".join(f"{t * 1e3:7.2f}" for t in row))
+    lines.append("knee (step tokens where step time starts growing at least half as fast as N): "
+                 + ", ".join(f"ctx {int(c)}: {cost.knee(int(c), max_tokens=4 * int(cost.token_grid[-1]))}"
+                             for c in cost.ctx_grid))
+    return "\n".join(lines)
+
+
+def plot_profile(cost: ProfiledCost, path: Path) -> None:
+    """Two panels over step tokens N (log x): step time, and time per token, with the knee."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = np.unique(np.geomspace(1, cost.token_grid[-1], 200).round().astype(int))
+    knee = cost.knee(0, max_tokens=4 * int(cost.token_grid[-1]))
+    fig, (ax_t, ax_p) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for c in cost.ctx_grid:
+        t = np.asarray(cost.target_time(n, int(c))) * 1e3
+        line, = ax_t.plot(n, t, label=f"context {int(c)}")
+        ax_t.plot(cost.token_grid, np.asarray(cost.target_time(cost.token_grid, int(c))) * 1e3, "o",
+                  color=line.get_color(), ms=3)
+        ax_p.plot(n, t / n, color=line.get_color())
+    for ax in (ax_t, ax_p):
+        ax.set_xscale("log", base=2)
+        ax.axvspan(1, knee, color="tab:green", alpha=0.08)
+        ax.axvline(knee, color="tab:green", ls="--", lw=1)
+        ax.set_xlabel("step tokens N (target verification pass)")
+        ax.grid(alpha=0.3, which="both")
+    ax_t.text(knee, ax_t.get_ylim()[1] * 0.95, f" knee ~{knee} (context 0)", color="tab:green", va="top")
+    ax_t.text(1.1, ax_t.get_ylim()[1] * 0.85, "free compute:\nflat step time", color="tab:green", va="top")
+    ax_t.set_ylabel("target step time (ms)")
+    ax_t.legend(fontsize=8, loc="center left")
+    ax_p.set_yscale("log")
+    ax_p.set_ylabel("time per step token (ms)")
+    ax_p.set_title("falls ~1/N below the knee, flattens past it", fontsize=9)
+    m = cost.meta
+    fig.suptitle(f"{m.get('device_name', m.get('device', ''))}: target {m.get('target_params', 0) / 1e6:.1f}M, "
+                 f"draft {m.get('draft_params', 0) / 1e6:.1f}M params, {m.get('dtype', '')}; "
+                 f"draft pass {cost.draft_time(1) * 1e3:.2f} ms at batch 1", fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""Acceptance learning: calibration on synthetic data, the observation rule, per-sequence history,
+pooling across replicas, determinism and causality."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptive.acceptance import AcceptanceConfig, AcceptanceModel, calibration_error
+
+
+def synthetic_step(rng: np.random.Generator, ids: np.ndarray, J: int = 6, power: float = 2.0,
+                   boost: np.ndarray | None = None):
+    """One step in which every sequence verifies J positions; true c_j = top1_j ** power
+    (times `boost` per sequence, clipped)."""
+    B = len(ids)
+    top1 = rng.beta(3.0, 1.2, size=(B, J)).clip(0.02, 0.999)
+    entropy = (1 - top1) * 3.0 * rng.uniform(0.5, 1.5, size=(B, J))
+    p = top1 ** power
+    if boost is not None:
+        p = np.clip(p * boost[:, None], 0, 1)
+    ok = rng.random((B, J)) < p  # (B, J) accepted given its prefix
+    accepted = np.where(ok.all(1), J, np.argmin(ok, 1))
+    return top1, entropy, np.full(B, J), accepted
+
+
+def feed(model: AcceptanceModel, rng: np.random.Generator, steps: int, id0: int = 0, B: int = 64,
+         **kw) -> None:
+    for s in range(steps):
+        ids = id0 + np.arange(B) + B * (s // 20)  # a new cohort of requests every 20 steps
+        model.observe(ids, *synthetic_step(rng, ids, **kw))
+
+
+def test_fresh_model_is_identity():
+    m = AcceptanceModel()
+    top1 = np.array([[0.9, 0.5, 0.1, 0.0]])
+    np.testing.assert_allclose(m.calibrate([7], top1, np.ones_like(top1)), [[0.9, 0.5, 0.1, 0.0]], atol=1e-6)
+    assert np.isnan(m.ece())
+
+
+def test_learns_calibration_of_squared_top1():
+    rng = np.random.default_rng(0)
+    m = AcceptanceModel()
+    feed(m, rng, 300)
+    m.reset_metrics()
+    feed(m, rng, 100, id0=10**6)  # evaluate prequentially on fresh requests
+    assert m.ece(raw=True) > 0.1  # raw top1 overpredicts survival
+    assert m.ece() < 0.03
+    assert m.brier() < m.brier(raw=True)
+
+
+def test_calibration_error_function_matches_definition():
+    pred = np.array([0.05, 0.05, 0.95, 0.95])
+    assert calibration_error(pred, np.array([0, 0, 1, 1])) == pytest.approx(0.05)
+    assert calibration_error(pred, np.array([1, 1, 0, 0])) == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("d,a,n_expect,acc_expect", [
+    (4, 1, [1, 1, 0, 0], [1, 0, 0, 0]),  # accepted 1, rejected at 2; 3 and 4 not observations
+    (3, 3, [1, 1, 1, 0], [1, 1, 1, 0]),  # all verified accepted: no rejection seen
+    (4, 0, [1, 0, 0, 0], [0, 0, 0, 0]),  # rejected at 1
+    (0, 0, [0, 0, 0, 0], [0, 0, 0, 0]),  # nothing verified
+])
+def test_observe_counts_only_conditional_observations(d, a, n_expect, acc_expect):
+    m = AcceptanceModel()
+    top1 = np.full((1, 4), 0.7)
+    m.observe([1], top1, np.ones((1, 4)), np.array([d]), np.array([a]))
+    np.testing.assert_array_equal(m.cells[:4, :, 0].sum(1), n_expect)
+    np.testing.assert_array_equal(m.cells[:4, :, 1].sum(1), acc_expect)
+    # calibration pairs: every verified position, survival realised iff i <= a
+    assert m.metrics[0, :, 0].sum() == d and m.metrics[0, :, 2].sum() == a
+
+
+def test_observe_rejects_inconsistent_counts():
+    m = AcceptanceModel()
+    with pytest.raises(ValueError):
+        m.observe([1], np.full((1, 3), 0.5), np.ones((1, 3)), np.array([2]), np.array([3]))
+    with pytest.raises(ValueError):
+        m.observe([1], np.full((1, 3), 0.5), np.ones((1, 3)), np.array([4]), np.array([0]))
+
+
+def test_sequence_history_shrinks_toward_its_own_rate():
+    rng = np.random.default_rng(1)
+    m = AcceptanceModel()
+    feed(m, rng, 60)
+    top1 = np.full((1, 5), 0.6)
+    for _ in range(30):  # sequence 5000 always accepts everything it verifies
+        m.observe([5000], top1, np.ones((1, 5)), np.array([5]), np.array([5]))
+        m.observe([6000], top1, np.ones((1, 5)), np.array([5]), np.array([0]))  # 6000 never does
+    prior = m.prior_conf(np.array([5000, 6000, 99999]), 5)  # 99999: unknown -> global rates
+    np.testing.assert_allclose(prior[2], m.rates(5))
+    assert np.all(prior[0] > prior[2]) and np.all(prior[1] < prior[2])
+    conf = m.calibrate([5000, 6000, 99999], np.full((3, 5), 0.6), np.ones((3, 5)))
+    assert np.all(conf[0] > conf[2]) and np.all(conf[1] < conf[2])
+    m.forget([5000, 6000])
+    np.testing.assert_allclose(m.prior_conf(np.array([5000, 6000]), 5), prior[[2, 2]])
+
+
+def test_merge_equals_one_model_fed_both_streams():
+    cfg = AcceptanceConfig(refit_every=10**9)  # no refit mid-stream (see merge's docstring)
+    a, b, both = AcceptanceModel(cfg), AcceptanceModel(cfg), AcceptanceModel(cfg)
+    for model, seed_ids in ((a, 0), (b, 10**5)):
+        for m, rng in ((model, np.random.default_rng(seed_ids)), (both, np.random.default_rng(seed_ids))):
+            feed(m, rng, 40, id0=seed_ids, B=16)
+    a.merge(b.state_dict())
+    both.fit()
+    np.testing.assert_allclose(a.cells, both.cells)
+    np.testing.assert_allclose(a.weights, both.weights)
+    ids = np.array([0, 5, 10**5 + 3, 777])
+    top1 = np.random.default_rng(9).uniform(0.1, 0.99, size=(4, 6))
+    np.testing.assert_allclose(a.calibrate(ids, top1, 1 - top1), both.calibrate(ids, top1, 1 - top1))
+    np.testing.assert_allclose(a.prior_conf(ids, 6), both.prior_conf(ids, 6))
+    assert a.ece() == pytest.approx(both.ece()) and a.brier() == pytest.approx(both.brier())
+
+
+def test_state_dict_round_trip_and_determinism():
+    m1, m2 = AcceptanceModel(), AcceptanceModel()
+    feed(m1, np.random.default_rng(3), 30)
+    feed(m2, np.random.default_rng(3), 30)
+    back = AcceptanceModel()
+    back.load_state_dict(m1.state_dict())
+    ids, top1 = np.arange(64), np.random.default_rng(4).uniform(0.05, 1, size=(64, 6))
+    for other in (m2, back):
+        np.testing.assert_array_equal(m1.calibrate(ids, top1, 1 - top1), other.calibrate(ids, top1, 1 - top1))
+        np.testing.assert_array_equal(m1.prior_conf(ids, 8), other.prior_conf(ids, 8))
+    with pytest.raises(ValueError):
+        AcceptanceModel(AcceptanceConfig(max_positions=4)).merge(m1.state_dict())
+
+
+def test_calibrate_is_causal_per_column():
+    m = AcceptanceModel()
+    feed(m, np.random.default_rng(5), 30)
+    top1 = np.random.default_rng(6).uniform(0.05, 1, size=(8, 6))
+    base = m.calibrate(np.arange(8), top1, 1 - top1)
+    changed = top1.copy()
+    changed[:, 3:] = 0.5  # later columns differ: earlier confidences must not
+    np.testing.assert_array_equal(m.calibrate(np.arange(8), changed, 1 - top1)[:, :3], base[:, :3])

@@ -1,0 +1,173 @@
+"""Cost models: exactness, roofline shape, profiled table monotonicity and bounded refinement, specs."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from adaptive.cost_model import (CostModel, FixedCost, ProfiledCost, RooflineCost, load_cost, parse_cost,
+                                 shape_for)
+from policies.base import StepCost
+
+
+# ---- fixed -----------------------------------------------------------------------------------
+def test_fixed_is_exact_whatever_the_tokens():
+    c = FixedCost(target_ms=10, draft_ms=0.5)
+    assert c.target_time(1) == 0.010 and isinstance(c.target_time(7), float)
+    np.testing.assert_array_equal(c.target_time(np.array([1, 64, 4096]), context_tokens=10**6), [0.01] * 3)
+    assert c.draft_time(1) == c.draft_time(256, 10**6) == 0.0005
+    assert c.knee(max_tokens=512) == 512  # never bends
+    c.observe(4, 0, 1.0, 1, 3, 1.0)  # no-op
+    assert c.target_time(4) == 0.010
+    assert isinstance(c, StepCost)
+
+
+def test_fixed_rejects_nonpositive():
+    with pytest.raises(ValueError):
+        FixedCost(target_ms=0)
+
+
+# ---- roofline --------------------------------------------------------------------------------
+def test_roofline_flat_then_linear():
+    c = RooflineCost(gpu="h200", target_b=27, draft_b=1)
+    t = c.target_time(np.array([1, 2, 8, 32, 64]))
+    np.testing.assert_allclose(t, t[0])  # memory-bound: extra step tokens are free
+    t1k, t2k, t4k = c.target_time(1024), c.target_time(2048), c.target_time(4096)
+    assert t4k - t2k == pytest.approx(2 * (t2k - t1k))  # compute-bound: linear in N
+    assert 0.012 < t[0] < 0.020  # 54 GB of bf16 weights at ~3.9 TB/s plus 1 ms
+    assert c.draft_time(1) < t[0] / 10
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "a100"])
+def test_roofline_knee_in_sane_range(gpu):
+    c = parse_cost(gpu)
+    assert 100 <= c.knee() <= 400
+    assert c.knee(context_tokens=64 * 4096) > c.knee()  # KV reads widen the flat part
+    assert c.target_time(1, 64 * 4096) > c.target_time(1)
+
+
+def test_roofline_sizes_and_kv():
+    assert shape_for(27).kv_bytes_per_token(2) == 2 * 46 * 16 * 128 * 2
+    small, big = parse_cost("h200"), parse_cost("h200:target_b=70,draft_b=1")
+    assert big.target_time(1) > 2 * small.target_time(1)
+    assert parse_cost("a100").target_time(1) > parse_cost("h100").target_time(1) > small.target_time(1)
+    assert parse_cost("h200:target_kv_bytes=1e6").target_time(1, 10**5) > small.target_time(1, 10**5)
+
+
+# ---- profiled --------------------------------------------------------------------------------
+def make_profiled(**kw) -> ProfiledCost:
+    tokens = np.array([1, 2, 4, 8, 16, 32, 64, 128])
+    ctx = np.array([0, 1000, 4000])
+    flat = np.maximum(10.0, 0.2 * tokens)[None, :] + 0.001 * ctx[:, None]  # ms: knee near 50
+    noise = np.array([1.0, 1.1, 0.95, 1.0, 1.2, 0.9, 1.0, 1.05])  # non-monotone measurement noise
+    target = flat * noise * 1e-3
+    draft = (1.0 + 0.01 * np.array([1, 8, 64]))[None, :] * np.ones((3, 1)) * 1e-3
+    return ProfiledCost(tokens, ctx, target, [1, 8, 64], draft, **kw)
+
+
+def test_profiled_is_monotone_and_interpolates():
+    c = make_profiled()
+    n = np.arange(1, 400)
+    for ctx in (0, 500, 1000, 2500, 9000):
+        t = c.target_time(n, ctx)
+        assert np.all(np.diff(t) >= -1e-15)
+    for k in n[::7]:
+        assert c.target_time(int(k), 1000) >= c.target_time(int(k), 0)
+    t = c.target_time(np.array([128, 628, 1128]))
+    assert t[2] - t[1] == pytest.approx(t[1] - t[0]) and t[1] > t[0]  # linear beyond the grid
+    np.testing.assert_allclose(c.target_time(c.token_grid, 4000), c.target_table[2])  # exact on the grid
+    assert 8 <= c.knee() <= 128
+    assert c.draft_time(8) == pytest.approx(1.08e-3)
+
+
+def test_one_slow_step_moves_prediction_at_most_a_few_percent():
+    c = make_profiled()
+    before = c.target_time(np.arange(1, 129), 1000)
+    c.observe(16, 1000, 100 * c.target_time(16, 1000), 8, 2, 100 * 2 * c.draft_time(8, 1000))
+    after = c.target_time(np.arange(1, 129), 1000)
+    assert np.all(after / before <= 1.03 + 1e-9) and np.all(after >= before)
+    assert after[15] / before[15] > 1.01
+    c.observe(16, 1000, 1e-3 * c.target_time(16, 1000), 8, 2, 0.0)  # absurdly fast: bounded too
+    assert np.all(c.target_time(np.arange(1, 129), 1000) / after >= 1 / 1.03 - 1e-9)
+
+
+def test_consistent_observations_converge():
+    c = make_profiled()
+    truth, draft_truth = 1.3 * c.target_time(24, 2000), 1.25 * c.draft_time(8, 2000)
+    for _ in range(200):
+        c.observe(24, 2000, truth, 8, 2, 2 * draft_truth)  # two draft passes
+    assert c.target_time(24, 2000) == pytest.approx(truth, rel=0.01)
+    assert c.draft_time(8, 2000) == pytest.approx(draft_truth, rel=0.01)
+
+
+def test_frozen_does_not_learn():
+    c = make_profiled(frozen=True)
+    before = c.target_time(16, 1000)
+    c.observe(16, 1000, 10 * before, 8, 1, 1.0)
+    assert c.target_time(16, 1000) == before
+
+
+@pytest.mark.parametrize("model", [FixedCost(3, 0.2), RooflineCost(gpu="a100", target_b=70, compute_eff=0.6),
+                                   make_profiled()])
+def test_json_round_trip(model, tmp_path):
+    model.observe(16, 1000, 0.05, 8, 2, 0.004)  # corrections must survive the trip
+    back = CostModel.from_json(model.to_json())
+    assert type(back) is type(model)
+    n = np.arange(1, 300)
+    for ctx in (0, 1500):
+        np.testing.assert_array_equal(back.target_time(n, ctx), model.target_time(n, ctx))
+        assert back.draft_time(5, ctx) == model.draft_time(5, ctx)
+    path = tmp_path / "cost.json"
+    path.write_text(model.to_json())
+    np.testing.assert_array_equal(parse_cost(str(path)).target_time(n), model.target_time(n))
+
+
+# ---- specs -----------------------------------------------------------------------------------
+def test_parse_cost_specs():
+    assert parse_cost("fixed:target_ms=10,draft_ms=0.5") == FixedCost(10, 0.5)
+    assert parse_cost("h200") == RooflineCost(gpu="h200")
+    assert parse_cost("h200:target_b=70,draft_b=1") == RooflineCost(gpu="h200", target_b=70, draft_b=1)
+    assert parse_cost("roofline:gpu=h100,memory_eff=0.8").gpu == "h100"
+
+
+@pytest.mark.parametrize("spec", ["h300", "fixed:target_ms=abc", "h200:foo=1", "fixed:target_ms=-1",
+                                  "h200:gpu=a100", "fixed:target_ms", "missing-profile.json"])
+def test_parse_cost_errors_name_the_spec(spec):
+    with pytest.raises(ValueError, match=spec.split(":")[0]):
+        parse_cost(spec)
+
+
+def test_bad_json_file_is_named(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"format": "specdepth-cost-v1", "kind": "warp"}')
+    with pytest.raises(ValueError, match="bad.json"):
+        load_cost(path)
+
+
+# ---- profiling a real (tiny) model -------------------------------------------------------------
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CPU is shared; oversubscribed threads make timings useless
+    yield
+    torch.set_num_threads(n)
+
+
+def test_profile_quick_on_tiny_model(one_thread):
+    from adaptive.cost_model import profile
+    from workers.model import ModelConfig, Transformer
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=512)
+    target, draft = Transformer(cfg).eval(), Transformer(cfg).eval()
+    t0 = time.perf_counter()
+    c = profile(target, draft, "cpu", quick=True)
+    assert time.perf_counter() - t0 < 10
+    assert c.target_table.shape == (len(c.ctx_grid), len(c.token_grid))
+    assert np.all(c.target_table > 0) and np.all(np.diff(c.target_table, axis=1) >= 0)
+    assert c.meta["target_params"] == target.num_params()
+    assert c.target_time(1) > 0 and c.draft_time(4) > 0
+    back = CostModel.from_json(c.to_json())
+    assert back.target_time(37, 100) == c.target_time(37, 100)
