@@ -1,0 +1,142 @@
+"""The depth-policy protocol: what a policy sees, what it returns, and when it is asked.
+
+A step, from a policy's point of view (DESIGN.md "Architecture"):
+
+1. `plan(PlanContext) -> (B,) int` draft budgets L_r, before anything is drafted.
+2. `keep_drafting(DraftContext) -> (B,) bool` after each draft pass j: continue to j + 1?
+   (optional; default: draft the whole budget).
+3. `verify(VerifyContext) -> (B,) int` verify lengths d_r <= drafted_r (optional; default: verify
+   everything drafted). The controller asks it *causally*: once per position j = 1..J with the
+   confidences of positions 1..j only, and keeps position j of sequence r iff the answer is >= j
+   (and position j - 1 was kept). So the decision for j can never depend on c_{r,j+1}, which
+   depends on the drafted token x_{r,j}: the lossless rule, enforced by structure.
+4. `observe(StepOutcome)`: what happened (optional).
+
+Confidences are computed from the draft's distribution at position j *before* x_j is sampled
+(top-1 probability, entropy); a policy never sees draft tokens. Policies are pure numpy: no torch,
+no ray, no wall clock, no global RNG. State lives on the instance, in plain attributes, and only
+changes in `observe` (and `plan` for per-step bookkeeping), so a replay is deterministic.
+The controller validates and clamps every answer and falls back to `off` for a step if a policy
+raises: a policy cannot crash the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    """The controller's cost model, as policies see it (seconds)."""
+
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+        """One target pass over `n_tokens` step tokens with `context_tokens` of KV in the batch."""
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        """One draft pass (one token for each of `batch_size` sequences)."""
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    step: int  # steps taken so far by the engine
+    seq_ids: np.ndarray  # (B,) int64: request id of each running sequence, stable across steps
+    context_lens: np.ndarray  # (B,) int64: tokens each sequence holds (prompt + generated)
+    max_depth: int  # K: the largest budget the engine accepts
+    prior_conf: np.ndarray  # (B, K) float: predicted acceptance of position j given j-1 accepted, from history
+    cost: StepCost  # step-time model
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def prior_survival(self) -> np.ndarray:
+        """(B, K) predicted survival s_{r,j} = prod_{i<=j} prior_conf[r, i]."""
+        return np.cumprod(self.prior_conf, axis=1)
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    step: int
+    seq_ids: np.ndarray  # (B,) int64
+    budgets: np.ndarray  # (B,) int64: L_r from plan
+    drafted: np.ndarray  # (B,) int64: positions drafted so far (j for sequences still drafting)
+    conf: np.ndarray  # (B, j) float: calibrated confidence c_{r,i} of drafted positions (0 past drafted)
+    top1: np.ndarray  # (B, j) float: the draft's raw top-1 probability at each drafted position
+    entropy: np.ndarray  # (B, j) float: the draft's entropy (nats) at each drafted position
+
+
+@dataclass(frozen=True)
+class VerifyContext:
+    step: int
+    seq_ids: np.ndarray  # (B,) int64
+    context_lens: np.ndarray  # (B,) int64
+    drafted: np.ndarray  # (B,) int64: tokens drafted per sequence (<= budget)
+    conf: np.ndarray  # (B, j) float: calibrated confidences of positions 1..j (0 past drafted)
+    top1: np.ndarray  # (B, j) float
+    cost: StepCost
+
+    @property
+    def survival(self) -> np.ndarray:
+        """(B, j) s_{r,i} = prod_{i'<=i} c_{r,i'}; zero past each sequence's drafted length."""
+        return np.cumprod(self.conf, axis=1)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    step: int
+    seq_ids: np.ndarray  # (B,) int64
+    budgets: np.ndarray  # (B,) int64: L_r planned
+    drafted: np.ndarray  # (B,) int64: tokens actually drafted
+    verified: np.ndarray  # (B,) int64: d_r
+    accepted: np.ndarray  # (B,) int64: a_r <= d_r
+    top1: np.ndarray  # (B, J) float: raw top-1 probability of drafted positions (0 past drafted)
+    conf: np.ndarray  # (B, J) float: calibrated confidences the policy was shown
+    step_time_s: float  # draft + verification, as measured (live) or modelled (replay)
+    draft_time_s: float
+    target_time_s: float
+    context_lens: np.ndarray  # (B,) int64, before this step's tokens
+    finished: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # request ids that ended
+
+    @property
+    def emitted(self) -> np.ndarray:
+        return self.accepted + 1
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_ids)
+
+
+class DepthPolicy:
+    """Base class. Override `plan`; the rest is optional.
+
+    Class attributes:
+        name: registry name.
+        params: parameter names and defaults, for `specdepth policies` and `name:key=value` specs.
+    """
+
+    name: ClassVar[str] = "policy"
+    params: ClassVar[dict[str, object]] = {}
+
+    def plan(self, ctx: PlanContext) -> np.ndarray:
+        raise NotImplementedError
+
+    def keep_drafting(self, ctx: DraftContext) -> np.ndarray:
+        return np.ones(len(ctx.seq_ids), dtype=bool)
+
+    def verify(self, ctx: VerifyContext) -> np.ndarray:
+        return ctx.drafted
+
+    def observe(self, out: StepOutcome) -> None:
+        return None
+
+    @classmethod
+    def overrides(cls, method: str) -> bool:
+        return getattr(cls, method) is not getattr(DepthPolicy, method)
+
+    def describe(self) -> str:
+        vals = ", ".join(f"{k}={getattr(self, k, v)}" for k, v in self.params.items())
+        return f"{self.name}({vals})"
