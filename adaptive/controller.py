@@ -1,0 +1,146 @@
+"""The controller: wraps a depth policy with learned acceptance, a cost model and safety rails.
+
+Mechanism and policy apart (STYLE.md): the policy decides, the controller validates and clamps
+what it returns (shape, dtype, range, NaN), survives a policy that raises (that step falls back
+to `off`, each kind of fault counted and logged once), calibrates the draft's raw confidence
+features before the policy sees them, and asks `verify` causally (see policies/base.py) so a
+policy cannot leak a drafted token into its own verification decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
+
+log = logging.getLogger("specdepth.controller")
+
+
+class Controller:
+    def __init__(self, policy: DepthPolicy, max_depth: int, cost: Any = None, acceptance: Any = None,
+                 learn_cost: bool = True) -> None:
+        """
+        Args:
+            policy: the depth policy.
+            max_depth: K, the largest draft budget.
+            cost: a cost model (adaptive.cost_model); default: a fixed 1 ms / 0.1 ms model.
+            acceptance: an acceptance model (adaptive.acceptance); default: a fresh one.
+            learn_cost: refine the cost model from measured step times (off for exact replays).
+        """
+        from adaptive.acceptance import AcceptanceModel
+        from adaptive.cost_model import FixedCost
+        self.policy = policy
+        self.max_depth = max_depth
+        self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.learn_cost = learn_cost
+        self.fallbacks: Counter[str] = Counter()
+        self._causal = policy.overrides("verify")
+
+    # ---- safety rails -----------------------------------------------------------------------
+    def _fault(self, kind: str, detail: str) -> None:
+        if not self.fallbacks[kind]:
+            log.warning("policy %s: %s (%s); falling back for this step; further %s faults are "
+                        "counted, not logged", self.policy.name, kind, detail, kind)
+        self.fallbacks[kind] += 1
+
+    def _ints(self, hook: str, value: Any, B: int, lo: np.ndarray | int, hi: np.ndarray | int,
+              fallback: np.ndarray) -> np.ndarray:
+        """Validate a policy's (B,) integer answer; clamp into [lo, hi]; fallback on garbage."""
+        try:
+            arr = np.asarray(value, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as e:
+            self._fault(f"{hook}: not numeric", str(e))
+            return fallback
+        if arr.shape != (B,):
+            self._fault(f"{hook}: wrong shape", f"expected ({B},), got {np.shape(value)}")
+            return fallback
+        if not np.isfinite(arr).all():
+            self._fault(f"{hook}: NaN/inf", str(arr))
+            return fallback
+        out = np.rint(arr).astype(np.int64)
+        if (out < lo).any() or (out > hi).any():
+            self._fault(f"{hook}: out of range", f"clamped into [{np.min(lo)}, {np.max(hi)}]")
+            out = np.clip(out, lo, hi)
+        return out
+
+    def _call(self, hook: str, fn, ctx):
+        try:
+            return fn(ctx), True
+        except Exception as e:  # a policy must never crash the engine
+            self._fault(f"{hook}: raised {type(e).__name__}", str(e))
+            return None, False
+
+    # ---- the step -----------------------------------------------------------------------------
+    def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        B = len(seq_ids)
+        ctx = PlanContext(step, seq_ids, context_lens, self.max_depth,
+                          self.acceptance.prior_conf(seq_ids, self.max_depth), self.cost)
+        off = np.zeros(B, np.int64)
+        val, ok = self._call("plan", self.policy.plan, ctx)
+        return self._ints("plan", val, B, 0, self.max_depth, off) if ok else off
+
+    def keep_fn(self, step: int, seq_ids: np.ndarray, budgets: np.ndarray):
+        if not self.policy.overrides("keep_drafting"):
+            return None
+
+        def keep(j: int, top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+            conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+            val, ok = self._call("keep_drafting", self.policy.keep_drafting,
+                                 DraftContext(step, seq_ids, budgets, drafted, conf, top1, entropy))
+            if not ok:
+                return np.zeros(len(seq_ids), bool)  # fall back: stop drafting
+            arr = np.asarray(val)
+            if arr.shape != (len(seq_ids),):
+                self._fault("keep_drafting: wrong shape", f"got {arr.shape}")
+                return np.zeros(len(seq_ids), bool)
+            return arr.astype(bool)
+        return keep
+
+    def verify_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray):
+        def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+            conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, J)
+            self._last_conf = conf
+            if not self._causal:
+                return drafted
+            return self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
+        return verify
+
+    def _causal_verify(self, step, seq_ids, context_lens, drafted, conf, top1) -> np.ndarray:
+        """Ask the policy position by position; position j is decided from columns 1..j only."""
+        B, J = conf.shape
+        d = np.zeros(B, np.int64)
+        alive = drafted > 0
+        for j in range(1, J + 1):
+            if not alive.any():
+                break
+            cj = conf[:, :j] * (np.arange(j) < drafted[:, None])
+            ctx = VerifyContext(step, seq_ids, context_lens, np.minimum(drafted, j), cj, top1[:, :j], self.cost)
+            val, ok = self._call("verify", self.policy.verify, ctx)
+            if not ok:
+                return np.zeros(B, np.int64)  # fall back to `off` for this step
+            ans = self._ints("verify", val, B, 0, np.minimum(drafted, j), np.zeros(B, np.int64))
+            alive &= (ans >= j) & (drafted >= j)
+            d[alive] = j
+        return d
+
+    def observe(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray,
+                drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
+                entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
+                finished: np.ndarray) -> None:
+        conf = getattr(self, "_last_conf", np.zeros_like(top1))
+        if conf.shape != top1.shape:
+            conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+        self.acceptance.observe(seq_ids, top1, entropy, verified, accepted)
+        if self.learn_cost:
+            self.cost.observe(int((verified + 1).sum()), int(context_lens.sum()), target_s,
+                              len(seq_ids), draft_passes, draft_s)
+        out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
+                          draft_s + target_s, draft_s, target_s, context_lens, finished)
+        self._call("observe", self.policy.observe, out)
+        if len(finished):
+            self.acceptance.forget(finished)

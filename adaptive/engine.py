@@ -1,0 +1,231 @@
+"""The engine loop: continuous batching around a PairRunner, depths from a Controller.
+
+Requests wait in a queue and take a free slot as others finish. Each step: the controller plans
+draft budgets, the runner drafts, verifies and commits, emitted tokens stream to their requests
+(`on_token`), and finished requests leave. A request that fails (bad input, NaN logits, an
+invalid depth from a plain depth function) ends with an error naming it; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from adaptive.controller import Controller
+from workers.runner import PairRunner
+
+
+class RequestError(ValueError):
+    """A request that cannot be served; the message names the request."""
+
+    def __init__(self, request_id: str, msg: str) -> None:
+        super().__init__(f"request {request_id!r}: {msg}")
+        self.request_id = request_id
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int = 64
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    on_token: Optional[Callable[[str, list[int]], None]] = None  # streaming callback
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "length" | "eos" | "context" | "error"
+    error: Optional[Exception] = None
+    steps: int = 0  # sequence-steps this request took part in
+    verified: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+    t_submit: float = 0.0
+    t_first: float = 0.0
+    t_done: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean emitted tokens per step (accepted + the target's own token)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+# depth_fn(seq_ids, context_lens) -> (B,) budgets: a plain alternative to a Controller, for tests
+DepthFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    seq_steps: int = 0
+    emitted: int = 0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    pos_verified: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
+    pos_accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
+    step_log: list[tuple[int, int, float, float]] = field(default_factory=list)  # (N, ctx, draft_s, target_s)
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.emitted / self.seq_steps if self.seq_steps else 0.0
+
+
+class Engine:
+    def __init__(self, runner: PairRunner, depth: Controller | DepthFn, eos_ids: tuple[int, ...] = (),
+                 max_batch: int | None = None) -> None:
+        self.runner = runner
+        self.depth = depth
+        self.eos_ids = set(eos_ids)
+        self.max_batch = min(max_batch or runner.tcache.n_slots, runner.tcache.n_slots)
+        self.queue: deque[tuple[Request, RequestOutput]] = deque()
+        self.running: dict[int, tuple[Request, RequestOutput]] = {}  # slot -> request
+        self.step_no = 0
+        self.seq_no = 0
+        self.stats = EngineStats(pos_verified=np.zeros(runner.max_depth, np.int64),
+                                 pos_accepted=np.zeros(runner.max_depth, np.int64))
+        self._ids: dict[int, int] = {}  # slot -> numeric sequence id (stable per request)
+        self.finished_ids: list[int] = []
+
+    # ---- admission ----------------------------------------------------------------------------
+    def validate(self, req: Request) -> None:
+        """Raises RequestError naming the request for input that cannot be served."""
+        rid, ids = req.request_id, req.prompt_ids
+        if not ids:
+            raise RequestError(rid, "empty prompt")
+        if len(ids) >= self.runner.max_len:
+            raise RequestError(rid, f"prompt of {len(ids)} tokens does not fit the context of "
+                                    f"{self.runner.max_len} tokens")
+        bad = [t for t in ids if not 0 <= int(t) < self.runner.vocab_size]
+        if bad:
+            raise RequestError(rid, f"token ids out of range [0, {self.runner.vocab_size}): {bad[:5]}")
+        if req.max_new_tokens <= 0:
+            raise RequestError(rid, f"max_new_tokens must be > 0, got {req.max_new_tokens}")
+
+    def submit(self, req: Request) -> RequestOutput:
+        out = RequestOutput(req.request_id, list(req.prompt_ids), t_submit=time.perf_counter())
+        self.validate(req)
+        self.queue.append((req, out))
+        return out
+
+    def _admit(self) -> None:
+        while self.queue and len(self.running) < self.max_batch:
+            req, out = self.queue.popleft()
+            slot = self.runner.add(list(req.prompt_ids))
+            self.running[slot] = (req, out)
+            self._ids[slot] = self.seq_no
+            self.seq_no += 1
+
+    def _finish(self, slot: int, reason: str, error: Exception | None = None) -> None:
+        req, out = self.running.pop(slot)
+        out.finish_reason, out.error, out.t_done = reason, error, time.perf_counter()
+        self.runner.remove(slot)
+        self.finished_ids.append(self._ids.pop(slot))
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.queue or self.running)
+
+    def step(self) -> None:
+        self._admit()
+        self.finished_ids: list[int] = []
+        if not self.running:
+            return
+        slots = np.array(sorted(self.running), dtype=np.int64)
+        seq_ids = np.array([self._ids[s] for s in slots], dtype=np.int64)
+        ctx_lens = np.array([len(self.runner.seqs[s]) for s in slots], dtype=np.int64)
+        room = np.array([min(self.running[s][0].max_new_tokens - len(self.running[s][1].output_ids),
+                             self.runner.max_len - len(self.runner.seqs[s])) - 1 for s in slots])
+        budgets = self._budgets(slots, seq_ids, ctx_lens)
+        budgets = np.minimum(budgets, np.maximum(room, 0))  # never draft past what can be emitted
+        live = np.array([s in self.running for s in slots])
+        slots, seq_ids, ctx_lens, budgets = slots[live], seq_ids[live], ctx_lens[live], budgets[live]
+        if not len(slots):
+            return
+        ctl = self.depth if isinstance(self.depth, Controller) else None
+        res = self.runner.step(slots, budgets,
+                               ctl.keep_fn(self.step_no, seq_ids, budgets) if ctl else None,
+                               ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None)
+        self._commit(res)
+        if ctl:
+            ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
+                        res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
+                        np.array(self.finished_ids, dtype=np.int64))
+        st = self.stats
+        st.steps += 1
+        st.draft_s += res.draft_s
+        st.target_s += res.target_s
+        st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s))
+        self.step_no += 1
+
+    def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:
+        if isinstance(self.depth, Controller):
+            return self.depth.plan(self.step_no, seq_ids, ctx_lens)
+        raw = np.asarray(self.depth(seq_ids, ctx_lens)).reshape(-1)
+        K = self.runner.max_depth
+        budgets = np.zeros(len(slots), np.int64)
+        for r, s in enumerate(slots):
+            v = raw[r] if r < len(raw) else np.nan
+            if not (np.isfinite(v) and float(v).is_integer() and 0 <= v <= K):
+                self._finish(int(s), "error", RequestError(self.running[s][0].request_id,
+                                                           f"depth {v} outside [0, {K}]"))
+            else:
+                budgets[r] = int(v)
+        return budgets
+
+    def _commit(self, res) -> None:
+        now = time.perf_counter()
+        st = self.stats
+        for r, s in enumerate(res.slots):
+            req, out = self.running[s]
+            if r in res.failed:
+                self._finish(int(s), "error", RequestError(req.request_id, str(res.failed[r])))
+                continue
+            d, a = int(res.verified[r]), int(res.accepted[r])
+            out.steps += 1
+            out.verified += d
+            out.accepted += a
+            st.seq_steps += 1
+            st.pos_verified[: d] += 1  # position j verified means j - 1 were accepted: conditional counts
+            st.pos_accepted[: a] += 1
+            if d > a:
+                st.pos_verified[a + 1: d] -= 1  # positions after the first rejection were never in play
+            new = res.emitted[r][: req.max_new_tokens - len(out.output_ids)]
+            reason = None
+            if not req.ignore_eos:
+                for i, t in enumerate(new):
+                    if t in self.eos_ids:
+                        new, reason = new[: i + 1], "eos"
+                        break
+            if new and not out.output_ids:
+                out.t_first = now
+            out.output_ids.extend(new)
+            st.emitted += len(new)
+            if req.on_token is not None and new:
+                req.on_token(req.request_id, new)
+            if reason is None and len(out.output_ids) >= req.max_new_tokens:
+                reason = "length"
+            if reason is None and len(self.runner.seqs[s]) >= self.runner.max_len:
+                reason = "context"
+            if reason:
+                self._finish(int(s), reason)
+
+    def run(self, requests: list[Request], progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
+        """Serve all requests to completion; invalid ones come back with their error set."""
+        outs = []
+        for req in requests:
+            try:
+                outs.append(self.submit(req))
+            except RequestError as e:
+                outs.append(RequestOutput(req.request_id, list(req.prompt_ids), finish_reason="error", error=e))
+        while self.has_work():
+            before = sum(len(o.output_ids) for o in outs)
+            self.step()
+            if progress:
+                progress(sum(len(o.output_ids) for o in outs) - before)
+        return outs

@@ -1,0 +1,113 @@
+"""Engine benchmark: tokens/s and mean step time by batch size and fixed depth, the target's
+forward time vs step tokens, and step time vs generated length. All in one run, on this CPU.
+
+    python -m experiments.bench_engine [--random] [--threads 2]
+
+Uses the bundled pair (held-out prompts, --ignore-eos); --random uses random models of the same
+size (acceptance then near 0, so depth > 0 only shows the cost of speculating).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from adaptive.engine import Engine, Request
+from workers.bundled import heldout_prompts, load_pair
+from workers.kv_cache import KVCache
+from workers.runner import PairRunner
+
+
+def run_fixed(pair, prompts_ids, batch: int, depth: int, new_tokens: int) -> tuple[float, float, float]:
+    runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=max(depth, 1))
+    eng = Engine(runner, lambda ids, lens: np.full(len(ids), depth), eos_ids=())
+    reqs = [Request(str(i), prompts_ids[i % len(prompts_ids)], new_tokens, ignore_eos=True) for i in range(batch)]
+    for r in reqs:
+        eng.submit(r)
+    eng._admit()  # prefill outside the timed decode
+    t0 = time.perf_counter()
+    while eng.has_work():
+        eng.step()
+    wall = time.perf_counter() - t0
+    return batch * new_tokens / wall, wall / max(eng.stats.steps, 1), eng.stats.acceptance_length
+
+
+@torch.inference_mode()
+def forward_curve(model, grid, ctx: int = 128, repeats: int = 5) -> list[float]:
+    """Median target forward time at N step tokens (N/4 sequences of 4 new tokens, ctx each)."""
+    out = []
+    for n in grid:
+        b = max(1, n // 4)
+        t = n // b
+        cache = KVCache(model.cfg.n_layers, b, model.cfg.n_kv_heads, model.cfg.hd, ctx + t + 1,
+                        model.embed.weight.dtype, model.device)
+        slots = torch.tensor([cache.allocate() for _ in range(b)])
+        model(cache, slots, torch.randint(0, model.cfg.vocab_size, (b, ctx)), torch.full((b,), ctx), logits=False)
+        times = []
+        for _ in range(repeats):
+            x = torch.randint(0, model.cfg.vocab_size, (b, t))
+            t0 = time.perf_counter()
+            model(cache, slots, x, torch.full((b,), t))
+            times.append(time.perf_counter() - t0)
+            for s in slots.tolist():
+                cache.truncate(s, ctx)
+        out.append(float(np.median(times)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--random", action="store_true", help="random models of the bundled pair's size")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_pair(device="cpu")
+    if args.random:
+        for m in (pair.target, pair.draft):
+            m.init_weights(0)
+    tok = pair.tokenizer
+    prompts = [tok.encode(p) for p in heldout_prompts(64)]
+    print(f"target {pair.target.num_params() / 1e6:.1f}M params, draft {pair.draft.num_params() / 1e6:.2f}M; "
+          f"{'random' if args.random else 'bundled'} weights; {args.threads} threads; "
+          f"{args.new_tokens} new tokens per request\n")
+    print("batch  depth   tok/s   step ms  accept-len")
+    for batch in (1, 4, 16, 64):
+        for depth in (0, 1, 2, 4, 8):
+            tps, step_s, al = run_fixed(pair, prompts, batch, depth, args.new_tokens)
+            print(f"{batch:5d}  {depth:5d}  {tps:7.1f}  {step_s * 1e3:8.2f}  {al:9.2f}", flush=True)
+
+    grid = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    curve = forward_curve(pair.target, grid)
+    print("\ntarget forward time vs step tokens N (context 128 per sequence)")
+    print("    N   ms/pass   us/token")
+    for n, t in zip(grid, curve):
+        print(f"{n:5d}  {t * 1e3:8.2f}  {t / n * 1e6:9.1f}")
+
+    print("\nstep time vs generated length (batch 16, depth 2, plain prompts)")
+    short = [p[:16] for p in prompts]
+    res = {}
+    for gen_len in (64, 512):
+        runner = PairRunner(pair.target, pair.draft, n_slots=16, max_depth=2, max_len=1024)
+        eng = Engine(runner, lambda ids, lens: np.full(len(ids), 2), eos_ids=())
+        for i in range(16):
+            eng.submit(Request(str(i), short[i], gen_len, ignore_eos=True))
+        eng._admit()
+        t_last, tok_last = 0.0, 0
+        while eng.has_work():  # tokens/s over the last 32 generated positions before gen_len
+            gen = min((len(o.output_ids) for _, o in eng.running.values()), default=0)
+            e0 = eng.stats.emitted
+            eng.step()
+            if gen >= gen_len - 32:
+                t_last += eng.stats.step_log[-1][2] + eng.stats.step_log[-1][3]
+                tok_last += eng.stats.emitted - e0
+        res[gen_len] = tok_last / max(t_last, 1e-9)
+        print(f"  at generated length {gen_len:4d}: {res[gen_len]:.1f} tok/s")
+    print(f"  ratio 512 / 64: {res[512] / res[64]:.2f} (goal >= 0.80)")
+
+
+if __name__ == "__main__":
+    main()

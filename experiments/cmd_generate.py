@@ -1,0 +1,152 @@
+"""`specdepth generate`: speculative generation with an adaptive depth policy.
+
+    specdepth generate --prompt 'def parse_args(argv):'
+    specdepth generate --prompts prompts.txt --policy dspark --max-new-tokens 128 --json
+
+Prints each generated continuation (not the prompt) on stdout, so it pipes cleanly, and a run
+summary on stderr. With --json, one JSON object per request instead. Runs in-process by default;
+--ray (or RAY_ADDRESS set, as under `ray job submit`) runs the replicas as Ray actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that runs models."""
+    p.add_argument("--target", default=None, help="target: specdepth .safetensors or HF folder (default: bundled)")
+    p.add_argument("--draft", default=None, help="draft: specdepth .safetensors or HF folder (default: bundled)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="generate text with adaptive speculative decoding",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", type=Path, help="a file with one prompt per line (batched)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="dspark", help="depth policy spec (see `specdepth policies`)")
+    p.add_argument("--max-depth", type=int, default=8, help="K: largest draft budget")
+    p.add_argument("--max-batch", type=int, default=64, help="sequences running at once")
+    p.add_argument("--cost", default="auto", help="cost model: auto (profile this machine at start-up, "
+                   "cached), a profile JSON, h200, fixed:target_ms=..,draft_ms=..")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens")
+    p.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
+    p.add_argument("--ray", action="store_true", help="run replicas as Ray actors (also when RAY_ADDRESS is set)")
+    p.add_argument("--replicas", type=int, default=1, help="Ray replicas (with --ray)")
+    add_model_args(p)
+    p.set_defaults(func=run)
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    if not args.prompts.exists():
+        raise FileNotFoundError(f"no prompts file at {args.prompts}")
+    lines = args.prompts.read_text().splitlines()
+    return [line.replace("\\n", "\n") for line in lines]
+
+
+def build_cost(spec: str, pair, device: str):
+    """The cost model: a spec, or `auto` = this machine's profile of this pair (cached)."""
+    from adaptive.cost_model import parse_cost
+    if spec != "auto":
+        return parse_cost(spec)
+    from adaptive.cost_model import load_cost
+    from adaptive.profiler import profile
+    cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
+    key = f"profile-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
+    path = cache / key
+    if path.exists():
+        return load_cost(path)
+    print(f"profiling the pair on {device} (once; cached at {path}) ...", file=sys.stderr)
+    cost = profile(pair.target, pair.draft, device, quick=False, repeats=3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cost.to_json())
+    return cost
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from adaptive.controller import Controller
+    from adaptive.engine import Engine, Request
+    from policies.registry import make_policy
+    from workers.bundled import load_pair
+    from workers.runner import PairRunner
+    from workers.sampler import SamplingParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = read_prompts(args)
+    sampling = SamplingParams(args.temperature, args.top_p)
+    policy = make_policy(args.policy)
+    if args.ray or os.environ.get("RAY_ADDRESS"):
+        return _run_ray(args, prompts, sampling)
+    pair = load_pair(args.target, args.draft, args.device)
+    device = str(pair.target.device)
+    tok = pair.tokenizer
+    cost = build_cost(args.cost, pair, device)
+    runner = PairRunner(pair.target, pair.draft, n_slots=min(args.max_batch, max(1, len(prompts))),
+                        max_depth=args.max_depth, sampling=sampling, seed=args.seed)
+    engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
+    reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    outs = engine.run(reqs)
+    wall = time.perf_counter() - t0
+    emit_outputs(args, prompts, outs, tok)
+    print_summary(engine.stats, outs, wall, policy.describe(), engine.depth.fallbacks)
+    return 1 if any(o.error for o in outs) else 0
+
+
+def emit_outputs(args, prompts: list[str], outs, tok) -> None:
+    for prompt, o in zip(prompts, outs):
+        if o.error is not None:
+            print(f"specdepth generate: error: {o.error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({
+                "id": o.request_id, "prompt": prompt, "text": tok.decode(o.output_ids),
+                "token_ids": o.output_ids, "finish_reason": o.finish_reason,
+                "error": None if o.error is None else str(o.error), "steps": o.steps,
+                "verified": o.verified, "accepted": o.accepted,
+                "acceptance_length": round(o.acceptance_length, 4),
+                "ttft_s": round(o.t_first - o.t_submit, 6) if o.t_first else None,
+                "latency_s": round(o.t_done - o.t_submit, 6) if o.t_done else None}), flush=True)
+        elif o.error is None:
+            sys.stdout.write(tok.decode(o.output_ids) + ("\n" if len(outs) > 1 else ""))
+            sys.stdout.flush()
+    if not args.json and len(outs) == 1:
+        sys.stdout.write("\n")
+
+
+def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
+    emitted = sum(len(o.output_ids) for o in outs)
+    pos = np.round(stats.pos_accepted / np.maximum(stats.pos_verified, 1), 2)
+    last = int(np.flatnonzero(stats.pos_verified).max(initial=-1)) + 1
+    lines = [f"policy {policy}: {len(outs)} requests, {emitted} tokens in {wall:.2f} s "
+             f"= {emitted / max(wall, 1e-9):.1f} tok/s; {stats.steps} steps",
+             f"acceptance length {stats.acceptance_length:.2f} (emitted per sequence-step, incl. the target's token)",
+             f"per-position acceptance (position j accepted | j-1 accepted): "
+             f"{pos[:last].tolist() if last else 'none verified'}",
+             f"time: draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s"]
+    if fallbacks:
+        lines.append(f"policy fallbacks: {dict(fallbacks)}")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _run_ray(args, prompts, sampling) -> int:
+    from adaptive.cluster import run_generate_on_ray
+    return run_generate_on_ray(args, prompts, sampling)
