@@ -34,11 +34,14 @@ def exact_marginals(target, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]
     return first, later
 
 
-def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int) -> np.ndarray:
-    """(N_SAMPLES, LATER) tokens from speculative sampling with a sampled draft."""
+def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, policy=None) -> np.ndarray:
+    """(N_SAMPLES, LATER) tokens from speculative sampling with a sampled draft.
+
+    With `policy`, depths come from it through the real Controller (plan, early stop, causal verify).
+    """
     batch = 2000
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed)
-    out = []
+    out, step = [], 0
     for _ in range(N_SAMPLES // batch):
         slots = np.array(runner.add_many([PROMPT] * batch))
         while min(len(runner.seqs[s]) for s in slots) < len(PROMPT) + LATER:
@@ -47,6 +50,15 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int) ->
             if leak:  # decides whether to verify x_1 after looking at it: NOT lossless
                 def verify_fn(top1, ent, drafted):
                     return np.where(runner.last_draft_tokens[:, 0] == 0, 1, 0)
+            if policy is not None:
+                ids = slots.astype(np.int64)
+                lens = np.array([len(runner.seqs[s]) for s in slots])
+                budgets = policy.plan(step, ids, lens)
+                res = runner.step(slots, budgets, policy.keep_fn(step, ids, budgets), policy.verify_fn(step, ids, lens))
+                policy.observe(step, ids, lens, budgets, res.drafted, res.verified, res.accepted, res.top1,
+                               res.entropy, res.draft_s, res.target_s, res.draft_passes, np.zeros(0, np.int64))
+                step += 1
+                continue
             runner.step(slots, budgets, verify_fn=verify_fn)
         out.extend(runner.seqs[s][len(PROMPT): len(PROMPT) + LATER] for s in slots)
         for s in slots:
@@ -90,3 +102,20 @@ def test_negative_control_leaking_rule_is_caught(pair):
     p1, _ = p_values(samples, first, later)
     print(f"\nleaking rule: p(first) = {p1:.3g}")
     assert p1 < 1e-6
+
+
+@pytest.mark.parametrize("spec", ["dspark", "random"])
+def test_adaptive_policies_keep_sampling_lossless(pair, spec):
+    from adaptive.controller import Controller
+    from adaptive.cost_model import FixedCost
+    from policies.registry import make_policy
+    from tests.adaptive.test_controller import RandomPolicy
+    target, draft = pair
+    sp = SamplingParams(1.0)
+    policy = RandomPolicy(5) if spec == "random" else make_policy(spec)
+    ctl = Controller(policy, max_depth=4, cost=FixedCost(target_ms=10, draft_ms=1))
+    first, later = exact_marginals(target, sp)
+    samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl)
+    p1, p3 = p_values(samples, first, later)
+    print(f"\n{spec}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
+    assert p1 >= 0.01 and p3 >= 0.01
