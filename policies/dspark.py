@@ -1,0 +1,120 @@
+"""dspark: DSpark's confidence-scheduled verification, with the draft's depth priced in.
+
+Each step (DESIGN.md "Allocation"):
+
+- plan: the controller's history-based predictions `ctx.prior_survival` (a global prior shrunk
+  toward each sequence's own acceptance history) go through `plan_budgets`: for every draft depth D
+  the D sequential draft passes are part of the step time, slots j <= D are admitted by the sorted
+  early-stop rule, and the best D's per-sequence counts are the budgets L_r. A batch that already
+  saturates the compute knee gets 0 everywhere: speculation switches itself off.
+- verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
+  and the same early-stop allocation picks d_r, with the draft time now sunk (extra = 0).
+
+Both use the context-aware cost (context_tokens = the batch's KV tokens).
+
+The controller asks `verify` causally, once per position j with columns 1..j. Each answer is
+`allocate` over the columns shown (survivals = running products of the confidences clipped to
+[0, 1], zero past each drafted length). The work of earlier calls in the same step is reused (only
+the new column is merged in, see `ColumnAllocator`) after checking, byte for byte, that the columns
+the cached answer rests on are the ones shown now, so every answer equals a fresh instance's. The
+step times are priced once per step: the cost model (the same object) is assumed not to change
+within a step (the controller refines it in `observe`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from policies.allocation import ColumnAllocator, plan_budgets, unit
+from policies.base import DepthPolicy, PlanContext, StepCost, VerifyContext
+
+
+class DSpark(DepthPolicy):
+    """Ours: calibrated survivals, global sort with early stop, draft depth priced, context-aware cost.
+
+    Params:
+        margin: a slot is admitted only if it raises predicted throughput by more than this fraction
+            (0: any gain).
+        price_draft: include the draft's passes in the pre-draft budget (False: an ablation).
+        context_aware: pass the batch's context tokens to the cost model (False: an ablation).
+    """
+
+    name: ClassVar[str] = "dspark"
+    params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True}
+
+    def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
+        self.margin = float(margin)
+        self.price_draft = bool(price_draft)
+        self.context_aware = bool(context_aware)
+        # Per-step verify cache (see the module docstring): the inputs it was built from, as bytes.
+        self._step = -1
+        self._cost: StepCost | None = None
+        self._context_lens = b""  # ctx.context_lens
+        self._drafted = b""  # min(ctx.drafted, columns merged): which merged positions were drafted
+        self._conf: list[bytes] = []  # ctx.conf[:, i] for the columns merged
+        self._depth = 0  # the most positions a step has had (sizes the step-time table; no effect on answers)
+        self._planned = (-1, 0)  # (step, slots budgeted) of the last plan: the same, for that step
+        self._alloc: ColumnAllocator | None = None
+
+    def _context_tokens(self, context_lens: np.ndarray) -> int:
+        return int(context_lens.sum()) if self.context_aware else 0
+
+    def plan(self, ctx: PlanContext) -> np.ndarray:
+        surv_t = unit(ctx.prior_conf.T, out=np.empty(ctx.prior_conf.shape[::-1]))  # (K, B)
+        for j in range(1, surv_t.shape[0]):  # = ctx.prior_survival, position-major; faster than cumprod
+            surv_t[j] *= surv_t[j - 1]
+        budgets = plan_budgets(
+            surv_t.T,
+            ctx.cost,
+            self._context_tokens(ctx.context_lens),
+            margin=self.margin,
+            price_draft=self.price_draft,
+        )
+        self._planned = (ctx.step, int(budgets.sum()))  # sizes this step's verify tables only
+        return budgets
+
+    def _cache_matches(self, ctx: VerifyContext, j: int) -> bool:
+        """True if this step's earlier calls saw exactly the inputs the cached answer rests on:
+        the same confidences and drafted positions (`min(drafted, seen)`) in the columns it used."""
+        a = self._alloc
+        if a is None or ctx.step != self._step or ctx.cost is not self._cost:
+            return False
+        seen = a.frozen or a.j  # columns the cached answer depends on
+        if not (seen <= j and (a.frozen or j <= a.j + 1)):
+            return False
+        return (
+            ctx.context_lens.tobytes() == self._context_lens
+            and np.minimum(ctx.drafted, seen).tobytes() == self._drafted
+            and ctx.conf[:, :seen].T.tobytes() == b"".join(self._conf)
+        )
+
+    def _start(self, ctx: VerifyContext, j: int) -> ColumnAllocator:
+        n = len(ctx.seq_ids)
+        cost, context = ctx.cost, self._context_tokens(ctx.context_lens)
+        self._step, self._cost, self._conf = ctx.step, cost, []
+        self._context_lens = ctx.context_lens.tobytes()
+        self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
+        hint = self._planned[1] if self._planned[0] == ctx.step else n * self._depth  # sizing only
+        self._alloc = ColumnAllocator(
+            n, lambda k: cost.target_time(n + k, context), self.margin, slots_hint=hint
+        )
+        return self._alloc
+
+    def verify(self, ctx: VerifyContext) -> np.ndarray:
+        n, j = ctx.conf.shape
+        if n == 0 or j == 0:
+            return np.zeros(n, np.int64)
+        a = self._alloc if self._cache_matches(ctx, j) else self._start(ctx, j)
+        while a.j < j and not a.frozen:
+            i = a.j
+            col = ctx.conf[:, i]  # (B,)
+            self._conf.append(col.tobytes())
+            c = np.fmax(col, 0.0)  # in [0, 1], NaN read as 0, 0 where position i + 1 was not drafted
+            a.push(np.fmin(c, ctx.drafted > i, out=c))
+        self._drafted = np.minimum(ctx.drafted, a.frozen or a.j).tobytes()
+        self._depth = max(self._depth, a.j)
+        return a.lengths().copy()
