@@ -69,7 +69,8 @@ class EngineStats:
     target_s: float = 0.0
     pos_verified: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
     pos_accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
-    step_log: list[tuple[int, int, float, float]] = field(default_factory=list)  # (N, ctx, draft_s, target_s)
+    # per step: (N step tokens, context tokens, draft_s, target_s, draft passes, batch size)
+    step_log: list[tuple[int, int, float, float, int, int]] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -160,7 +161,8 @@ class Engine:
         st.steps += 1
         st.draft_s += res.draft_s
         st.target_s += res.target_s
-        st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s))
+        st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
+                            len(res.slots)))
         self.step_no += 1
 
     def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:

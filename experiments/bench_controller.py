@@ -1,6 +1,6 @@
 """How long dspark's decisions take per step: plan + the controller's causal verify calls.
 
-    python -m experiments.bench_decision [--batch 1 16 256] [--depth 8] [--steps 300]
+    python -m experiments.bench_controller [--batch 1 16 256] [--depth 8] [--steps 300]
 
 Each step draws fresh per-sequence acceptance rates and context lengths, runs `plan`, takes the
 budgets as the drafted lengths, then calls `verify` once per position j = 1..J with the context the

@@ -1,0 +1,117 @@
+"""Live benchmark on the bundled pair: tokens/s of depth policies by batch size, in one run.
+
+    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--threads 2]
+
+Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
+acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
+the same cost model (this machine's profile, refined online during each run). Also printed:
+calibration of predicted survival after warm-up (ECE, Brier) on the measured runs, and the cost
+model's prediction error against measured step times during the dspark runs. Ratios are measured
+side by side in this one run; absolute tokens/s move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import numpy as np
+import torch
+
+from adaptive.acceptance import AcceptanceModel
+from adaptive.controller import Controller
+from adaptive.engine import Engine, Request
+from experiments.cmd_generate import build_cost
+from policies.registry import make_policy
+from workers.bundled import heldout_prompts, load_pair
+from workers.runner import PairRunner
+
+POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "turbospec", "vllm-adaptive", "dspark"]
+K = 8
+
+
+def warm_acceptance(pair, prompts: list[list[int]], cost) -> AcceptanceModel:
+    """Acceptance statistics from a static k = K run on warm-up prompts (every position observed)."""
+    ctl = Controller(make_policy(f"static:k={K}"), K, cost=copy.deepcopy(cost))
+    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=16, max_depth=K), ctl)
+    eng.run([Request(f"w{i}", p, 48, ignore_eos=True) for i, p in enumerate(prompts)])
+    ctl.acceptance.reset_metrics()
+    return ctl.acceptance
+
+
+def run_one(pair, spec: str, prompts: list[list[int]], batch: int, tokens: int, cost, acc: AcceptanceModel):
+    ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
+    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K), ctl)
+    reqs = [Request(f"{i}", p, tokens, ignore_eos=True) for i, p in enumerate(prompts)]
+    for r in reqs:
+        eng.submit(r)
+    t0 = time.perf_counter()
+    while eng.has_work():
+        eng.step()
+    wall = time.perf_counter() - t0
+    return len(reqs) * tokens / wall, eng, ctl
+
+
+def cost_error(eng: Engine, cost) -> tuple[float, float]:
+    """Median |predicted - measured| / measured of the target pass and of the whole step."""
+    tgt, step = [], []
+    for n, ctx, d_s, t_s, passes, b in eng.stats.step_log:
+        pt = float(cost.target_time(n, ctx))
+        pd = passes * float(cost.draft_time(b, ctx))
+        tgt.append(abs(pt - t_s) / t_s)
+        step.append(abs(pt + pd - t_s - d_s) / (t_s + d_s))
+    return float(np.median(tgt)), float(np.median(step))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
+    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: 4 x batch, >= 8)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; spaces not allowed")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_pair(device="cpu")
+    tok = pair.tokenizer
+    allp = [tok.encode(p) for p in heldout_prompts()]
+    warm, prompts = allp[-32:], allp[:-32]
+    cost = build_cost("auto", pair, "cpu")
+    acc = warm_acceptance(pair, warm, cost)
+    policies = args.policies.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    table: dict[tuple[str, int], float] = {}
+    errs, cal = [], []
+    for b in batches:
+        n_req = args.requests or max(8, 4 * b)
+        for spec in policies:
+            tps, eng, ctl = run_one(pair, spec, prompts[:n_req], b, args.tokens, cost, acc)
+            table[spec, b] = tps
+            if spec == "dspark":
+                errs.append(cost_error(eng, ctl.cost))
+                cal.append((ctl.acceptance.ece(), ctl.acceptance.brier()))
+            print(f"  batch {b:3d} {spec:14s} {tps:8.1f} tok/s  accept-len {eng.stats.acceptance_length:.2f}"
+                  f"  fallbacks {sum(ctl.fallbacks.values())}", flush=True)
+    print("\ntokens/s (greedy, bundled pair, held-out prompts)\n")
+    print("| policy | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    print("|---|" + "---|" * len(batches))
+    for spec in policies:
+        print(f"| {spec} | " + " | ".join(f"{table[spec, b]:.1f}" for b in batches) + " |")
+    if "dspark" in policies:
+        print("\nratios (dspark vs ...)")
+        for b in batches:
+            best_static = max((table[s, b], s) for s in policies if s == "off" or s.startswith("static"))
+            line = [f"batch {b:3d}: vs off {table['dspark', b] / table['off', b]:.2f}x",
+                    f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.2f}x"]
+            if "vllm-adaptive" in policies:
+                line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
+            print("  " + ", ".join(line))
+        print("\ncalibration after warm-up (dspark runs): " + ", ".join(
+            f"batch {b}: ECE {e:.4f} Brier {br:.4f}" for b, (e, br) in zip(batches, cal)))
+        print("cost model vs measured (dspark runs, median abs error): " + ", ".join(
+            f"batch {b}: target pass {t:.1%}, whole step {s:.1%}" for b, (t, s) in zip(batches, errs)))
+
+
+if __name__ == "__main__":
+    main()
