@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     sampling = SamplingParams(args.temperature, args.top_p)
     policy = make_policy(args.policy)
+    if getattr(policy, "replay_only", False):
+        raise ValueError(f"policy {policy.name!r} needs the future (true match lengths): replay only, "
+                         "see `specdepth replay`")
     if args.ray or os.environ.get("RAY_ADDRESS"):
         return _run_ray(args, prompts, sampling)
     pair = load_pair(args.target, args.draft, args.device)

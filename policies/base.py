@@ -47,6 +47,10 @@ class PlanContext:
     max_depth: int  # K: the largest budget the engine accepts
     prior_conf: np.ndarray  # (B, K) float: predicted acceptance of position j given j-1 accepted, from history
     cost: StepCost  # step-time model
+    # (B,) int64: each sequence's true match length at its current position, capped by the tokens it
+    # may still emit (a_r = min(d_r, oracle_match[r])). Set only by the replay simulator, for the
+    # `oracle` policy; None in live serving, where nobody knows it.
+    oracle_match: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from policies.bandit import Bandit
 from policies.base import DepthPolicy
 from policies.hf import HfConfidence, HfHeuristic
+from policies.oracle import Oracle
 from policies.sglang import SglangAdaptive
 from policies.specdecpp import SpecDecPP
 from policies.static import Off, Static, VllmDisable, VllmTable
@@ -42,6 +43,7 @@ BUILTINS: dict[str, type[DepthPolicy]] = {
         TurboSpec,
         Bandit,
         SglangAdaptive,
+        Oracle,  # replay only: needs PlanContext.oracle_match
     )
 }
 

@@ -1,0 +1,85 @@
+"""`specdepth record`: run a draft/target pair on prompts once and write its acceptance trace.
+
+    specdepth record --out traces.jsonl.gz [--n 200] [--max-new-tokens 128] [--k-max 8]
+    specdepth record --out t.jsonl.gz --prompts prompts.jsonl --target t.safetensors --draft d.safetensors
+
+Plain decoding through the live PairRunner (one target token per step) while the draft proposes
+K tokens from the true prefix at every position; see `experiments.traces` for the format.
+Prompts: the bundled held-out set by default, or --prompts (JSON lines with a "prompt" field, or
+plain text, one prompt per line). --temperature > 0 records a sampling trace (accept_prob).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("record", help="record a draft/target pair's acceptance trace on prompts",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="trace file to write (.jsonl or .jsonl.gz)")
+    p.add_argument("--prompts", type=Path, default=None, help="prompt file (default: bundled held-out prompts)")
+    p.add_argument("--n", type=int, default=0, help="use the first N prompts (default all)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="output tokens per request")
+    p.add_argument("--k-max", type=int, default=8, help="draft chain length K recorded per position")
+    p.add_argument("--target", default=None, help="target model (.safetensors or HF folder); with --draft")
+    p.add_argument("--draft", default=None, help="draft model; with --target (default: the bundled pair)")
+    p.add_argument("--batch", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: record a sampling trace")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def read_prompts(path: Path) -> list[str | list[int]]:
+    """Prompts from JSON lines ({"prompt": text or [token ids]}) or plain text lines (a literal
+    backslash-n is a newline). Raises ValueError naming the file and line."""
+    out: list[str | list[int]] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                prompt = json.loads(line)["prompt"]
+                ok = isinstance(prompt, str) or (isinstance(prompt, list) and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+                if not ok:
+                    raise TypeError("prompt must be text or a list of token ids")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: expected a JSON object with a \"prompt\" field ({e})") from None
+            out.append(prompt)
+        else:
+            out.append(line.replace("\\n", "\n"))
+    if not out:
+        raise ValueError(f"{path}: no prompts")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from experiments.traces import record_traces
+    from workers.bundled import heldout_prompts, load_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        prompts = read_prompts(args.prompts) if args.prompts else heldout_prompts()
+        pair = load_pair(args.target, args.draft, device=args.device)
+        prompts = prompts[: args.n] if args.n else prompts
+        traces = record_traces(pair, prompts, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
+                               batch=args.batch, progress=not args.no_progress, temperature=args.temperature,
+                               seed=args.seed)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specdepth record: {e}", file=sys.stderr)
+        return 2
+    traces.save(args.out)
+    m = traces.match
+    print(f"wrote {args.out}: {len(traces)} requests, {len(m)} positions, K = {args.k_max}; "
+          f"P(first draft token accepted) = {(m > 0).mean():.3f}, mean match {m.mean():.2f}")
+    return 0
