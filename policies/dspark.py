@@ -7,6 +7,13 @@ Each step (DESIGN.md "Allocation"):
   the D sequential draft passes are part of the step time, slots j <= D are admitted by the sorted
   early-stop rule, and the best D's per-sequence counts are the budgets L_r. A batch that already
   saturates the compute knee gets 0 everywhere: speculation switches itself off.
+- keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
+  give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
+  (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
+  pass is drafted for the sequences (best first) that raise the step's predicted throughput
+  tau / (draft time + target time) once its cost is paid; otherwise drafting stops. With it, the
+  plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
+  drafts are paid only where the confidences say they will likely be verified.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r, with the draft time now sunk (extra = 0).
 
@@ -28,7 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.allocation import ColumnAllocator, plan_budgets, unit
-from policies.base import DepthPolicy, PlanContext, StepCost, VerifyContext
+from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, VerifyContext
 
 
 class DSpark(DepthPolicy):
@@ -42,14 +49,18 @@ class DSpark(DepthPolicy):
     """
 
     name: ClassVar[str] = "dspark"
-    params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True}
+    params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
+                                           "dynamic": True}
 
-    def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True) -> None:
+    def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
+                 dynamic: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
         self.price_draft = bool(price_draft)
         self.context_aware = bool(context_aware)
+        self.dynamic = bool(dynamic)
+        self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         # Per-step verify cache (see the module docstring): the inputs it was built from, as bytes.
         self._step = -1
         self._cost: StepCost | None = None
@@ -75,7 +86,38 @@ class DSpark(DepthPolicy):
             price_draft=self.price_draft,
         )
         self._planned = (ctx.step, int(budgets.sum()))  # sizes this step's verify tables only
+        self._plan_ctx = ctx
+        if self.dynamic and budgets.any():  # the plan's depth becomes a ceiling; drafting stops dynamically
+            budgets = np.where(budgets > 0, ctx.max_depth, 0)
         return budgets
+
+    def keep_drafting(self, ctx: DraftContext) -> np.ndarray:
+        """Draft position j + 1 for the sequences whose expected gain pays for another pass."""
+        B, j = ctx.conf.shape
+        pc = self._plan_ctx
+        if not self.dynamic or pc is None or pc.step != ctx.step or j >= pc.max_depth or B == 0:
+            return np.ones(B, bool)
+        context = self._context_tokens(pc.context_lens)
+        c = np.clip(np.nan_to_num(ctx.conf), 0.0, 1.0)  # (B, j)
+        surv = np.cumprod(c, axis=1)  # (B, j)
+        drafting = ctx.drafted == j
+        c_next = 0.5 * (np.clip(pc.prior_conf[:, j], 0.0, 1.0) + c[:, -1])  # (B,) c-hat_{r,j+1}
+        gain = np.where(drafting, surv[:, -1] * c_next, 0.0)  # (B,)
+        order = np.argsort(-gain, kind="stable")
+        g = np.cumsum(gain[order])  # (B,) expected tokens from the best k sequences drafting on
+        k = np.arange(1, B + 1)
+        n_now = B + int(ctx.drafted.sum())
+        sunk = j * float(pc.cost.draft_time(B, context))
+        tau_now = B + float(surv.sum())
+        theta_now = tau_now / (sunk + float(pc.cost.target_time(n_now, context)))
+        t_next = sunk + np.array([float(pc.cost.draft_time(int(x), context)) for x in (k if B <= 8 else [B])])
+        t_next = t_next if B <= 8 else np.full(B, t_next[0])  # one pass costs about the same for any k
+        theta = (tau_now + g) / (t_next + np.asarray(pc.cost.target_time(n_now + k, context), float))
+        best = int(np.argmax(theta))
+        keep = np.zeros(B, bool)
+        if theta[best] > theta_now * (1.0 + self.margin):
+            keep[order[: best + 1]] = True
+        return keep & drafting
 
     def _cache_matches(self, ctx: VerifyContext, j: int) -> bool:
         """True if this step's earlier calls saw exactly the inputs the cached answer rests on:

@@ -92,7 +92,7 @@ def test_plan_is_plan_budgets_on_the_prior_survival() -> None:
         ctx = make_plan_ctx(b, prior_conf=rng.uniform(0.3, 1.0, (b, 8)), cost=cost,
                             context_lens=rng.integers(10, 5000, b))
         want = plan_budgets(ctx.prior_survival, cost, int(ctx.context_lens.sum()))
-        assert DSpark().plan(ctx).tolist() == want.tolist()
+        assert DSpark(dynamic=False).plan(ctx).tolist() == want.tolist()
 
 
 def test_per_sequence_history_sets_the_budget() -> None:
@@ -100,7 +100,7 @@ def test_per_sequence_history_sets_the_budget() -> None:
     # not for a doubtful one's first.
     prior = np.array([[0.95] * 8, [0.7] * 8, [0.3] * 8])
     cost = Roofline(overhead=0.008, memory=0.012, compute_per_token=0.002, draft=2e-4)  # knee at N = 6
-    budgets = DSpark().plan(make_plan_ctx(3, prior_conf=prior, cost=cost))
+    budgets = DSpark(dynamic=False).plan(make_plan_ctx(3, prior_conf=prior, cost=cost))
     assert budgets[0] > budgets[1] > budgets[2] == 0
 
 
@@ -109,15 +109,15 @@ def test_context_aware_cost_and_its_ablation() -> None:
     cost = Roofline(memory=0.002)
     short = make_plan_ctx(64, prior_conf=0.8, cost=cost, context_lens=[50] * 64)
     long = make_plan_ctx(64, prior_conf=0.8, cost=cost, context_lens=[8000] * 64)
-    assert DSpark().plan(long).sum() > DSpark().plan(short).sum()
-    blind = DSpark(context_aware=False)
+    assert DSpark(dynamic=False).plan(long).sum() > DSpark(dynamic=False).plan(short).sum()
+    blind = DSpark(context_aware=False, dynamic=False)
     assert blind.plan(long).tolist() == blind.plan(short).tolist()
 
 
 def test_draft_pricing_and_its_ablation() -> None:
     dear = LinearCost(target_s=0.02, draft_s=0.004)
-    assert 0 < DSpark().plan(make_plan_ctx(4, prior_conf=0.7, cost=dear)).max() < 8
-    assert DSpark(price_draft=False).plan(make_plan_ctx(4, prior_conf=0.7, cost=dear)).max() == 8
+    assert 0 < DSpark(dynamic=False).plan(make_plan_ctx(4, prior_conf=0.7, cost=dear)).max() < 8
+    assert DSpark(price_draft=False, dynamic=False).plan(make_plan_ctx(4, prior_conf=0.7, cost=dear)).max() == 8
 
 
 # --- verify -------------------------------------------------------------------------------------
@@ -197,4 +197,32 @@ def test_parameters_and_registry() -> None:
         DSpark(margin=-0.1)
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
-    assert policy.describe() == "dspark(margin=0.05, price_draft=True, context_aware=False)"
+    assert policy.describe() == "dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True)"
+
+
+# --- dynamic draft depth (keep_drafting) -------------------------------------------------------------
+
+
+def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> None:
+    from policies.testing import make_draft_ctx
+    policy = DSpark()
+    pctx = make_plan_ctx(2, prior_conf=0.6, cost=Roofline())
+    assert policy.plan(pctx).tolist() == [8, 8]  # the plan's depth is a ceiling
+    conf = np.array([[0.99, 0.98, 0.97], [0.5, 0.2, 0.05]])  # a streak vs a fading chain
+    keep = policy.keep_drafting(make_draft_ctx(conf, budgets=[8, 8], step=pctx.step))
+    assert keep.tolist() == [True, False]
+    # the fixed prior plan with no dynamic stop keeps its budgets, keep_drafting always says yes
+    static = DSpark(dynamic=False)
+    budgets = static.plan(pctx)
+    assert static.keep_drafting(make_draft_ctx(conf, budgets=budgets, step=pctx.step)).all()
+
+
+def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
+    from policies.testing import make_draft_ctx
+    policy = DSpark()
+    pctx = make_plan_ctx(2, prior_conf=0.9, cost=FLAT)
+    policy.plan(pctx)
+    conf = np.full((2, 2), 0.9)
+    assert policy.keep_drafting(make_draft_ctx(conf, budgets=[8, 8], step=pctx.step)).all()
+    dear = make_plan_ctx(2, prior_conf=0.9, cost=COMPUTE_BOUND)
+    assert policy.plan(dear).tolist() == [0, 0]
