@@ -204,9 +204,10 @@ def test_parameters_and_registry() -> None:
 
 
 def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> None:
-    from policies.testing import make_draft_ctx
+    from policies.testing import LinearCost, make_draft_ctx
     policy = DSpark()
-    pctx = make_plan_ctx(2, prior_conf=0.6, cost=Roofline())
+    # each verified token costs 0.5 ms on a 10 ms pass: worth it only for likely survivors
+    pctx = make_plan_ctx(2, prior_conf=0.6, cost=LinearCost(0.010, 0.0002, 0.0005))
     assert policy.plan(pctx).tolist() == [8, 8]  # the plan's depth is a ceiling
     conf = np.array([[0.99, 0.98, 0.97], [0.5, 0.2, 0.05]])  # a streak vs a fading chain
     keep = policy.keep_drafting(make_draft_ctx(conf, budgets=[8, 8], step=pctx.step))
