@@ -1,0 +1,154 @@
+"""Ray path vs in-process: tokens/s of one Ray replica against the in-process Engine, same pair,
+same prompts, same policy (dspark) and cost model, at batch 1 and 16, in one run; then where the
+Ray path's extra time per step goes.
+
+    python -m experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32]
+
+Uses the bundled pair and its held-out prompts; if the bundled weights are missing, random models
+of the same size and random prompts (said in the output; acceptance is then near 0, so this
+measures overhead, not speculation). Both paths get `--threads` torch threads (the driver and the
+replica each have a core on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pickle
+import time
+
+import numpy as np
+import torch
+
+from adaptive.cluster import ClusterConfig, ClusterController, init_ray
+from adaptive.controller import Controller
+from adaptive.engine import Engine, EngineStats, Request
+from adaptive.profiler import profile
+from policies.registry import make_policy
+from workers.actors import PairSpec, ReplicaConfig, StepParams, StepPlan
+from workers.runner import PairRunner
+
+
+def random_pair(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Random-init models of the sizes experiments/train_pair.py trains (a PairSpec factory, so
+    replicas build the same ones)."""
+    from experiments.train_pair import DRAFT_CFG, TARGET_CFG
+    from workers.model import Transformer
+    target, draft = Transformer(TARGET_CFG), Transformer(DRAFT_CFG)
+    target.init_weights(seed)
+    draft.init_weights(seed + 1)
+    return target.eval(), draft.eval()
+
+
+def load(n_prompts: int) -> tuple[PairSpec, object, object, list[list[int]], str]:
+    """(spec for replicas, target, draft, prompt ids, description)."""
+    try:
+        from workers.bundled import heldout_prompts, load_pair
+        pair = load_pair(device="cpu")
+        prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(n_prompts)]
+        return PairSpec(), pair.target, pair.draft, prompts, "bundled pair, held-out prompts"
+    except FileNotFoundError as e:
+        target, draft = random_pair()
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(0, target.cfg.vocab_size, int(rng.integers(8, 48))).tolist() for _ in range(n_prompts)]
+        return (PairSpec(factory="experiments.bench_ray:random_pair"), target, draft, prompts,
+                f"RANDOM models of the bundled size ({e}); random prompts")
+
+
+def requests(prompts: list[list[int]], new_tokens: int) -> list[Request]:
+    return [Request(str(i), p, new_tokens, ignore_eos=True) for i, p in enumerate(prompts)]
+
+
+def fresh_stats(depth: int) -> EngineStats:
+    return EngineStats(pos_verified=np.zeros(depth, np.int64), pos_accepted=np.zeros(depth, np.int64))
+
+
+def run_engine(target, draft, cost, reqs: list[Request], batch: int, depth: int) -> tuple[float, Engine]:
+    runner = PairRunner(target, draft, n_slots=batch, max_depth=depth)
+    eng = Engine(runner, Controller(make_policy("dspark"), depth, cost=copy.deepcopy(cost)), max_batch=batch)
+    t0 = time.perf_counter()
+    eng.run(reqs)
+    return time.perf_counter() - t0, eng
+
+
+def run_cluster(spec: PairSpec, cost, reqs: list[Request], batch: int, depth: int,
+                threads: int) -> tuple[float, ClusterController, float]:
+    rc = ReplicaConfig(pair=spec, n_slots=batch, max_depth=depth, threads=threads, device="cpu")
+    cc = ClusterController(make_policy("dspark"), ClusterConfig(replicas=1, replica=rc, metrics=True),
+                           cost=copy.deepcopy(cost))
+    cc.run(requests([r.prompt_ids for r in reqs[:2]], 4))  # warm-up: first-call costs out of the timing
+    cc.stats = fresh_stats(depth)
+    for rep in cc.replicas:
+        rep.rtt_s = rep.handler_s = rep.controller_s = rep.params_s = rep.prefill_s = 0.0
+        rep.stats = fresh_stats(depth)
+    t0 = time.perf_counter()
+    cc.run(reqs)
+    wall = time.perf_counter() - t0
+    ping = cc.ping_s()
+    cc.shutdown()
+    return wall, cc, ping
+
+
+def serialization(cc: ClusterController, batch: int, depth: int) -> str:
+    """Pickled size and pickle + unpickle time of a plan (with parameters) and a reply at batch B."""
+    ids = np.arange(batch, dtype=np.int64)
+    plan = StepPlan(1, "0123456789ab", False, [], [], ids, np.full(batch, depth, np.int64),
+                    StepParams(cc.policy, cc.replicas[0].ctl.cost, cc.calibration(ids)))
+    reply = cc.last_reply
+    out = []
+    for name, obj in (("plan", plan), ("reply", reply)):
+        if obj is None:
+            continue
+        blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # Ray pickles them alike (cloudpickle)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        out.append(f"{name} {len(blob)} B, {(time.perf_counter() - t0) / 200 * 1e6:.0f} us")
+    return "; ".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, in-process and in the replica")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--max-depth", type=int, default=8)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    spec, target, draft, prompts, what = load(args.prompts)
+    init_ray()
+    cost = profile(target, draft, quick=True)  # one cost table for both paths (a quick grid)
+    depth = args.max_depth
+    print(f"{what}: target {target.num_params() / 1e6:.1f}M, draft {draft.num_params() / 1e6:.2f}M params, cpu, "
+          f"{args.threads} thread(s) per process; {len(prompts)} prompts x {args.new_tokens} new tokens; "
+          f"policy dspark, K={depth}\n")
+    print("batch  path             tok/s   steps  ms/step  accept-len")
+    notes = []
+    for batch in (1, 16):
+        reqs = requests(prompts, args.new_tokens)
+        run_engine(target, draft, cost, reqs[:2], batch, depth)  # warm-up
+        e_wall, eng = run_engine(target, draft, cost, reqs, batch, depth)
+        c_wall, cc, ping = run_cluster(spec, cost, requests(prompts, args.new_tokens), batch, depth, args.threads)
+        n_tok = len(prompts) * args.new_tokens
+        es, cs = eng.stats, cc.stats
+        print(f"{batch:5d}  in-process    {n_tok / e_wall:8.1f}  {es.steps:6d}  {e_wall / es.steps * 1e3:7.2f}  "
+              f"{es.acceptance_length:9.2f}")
+        print(f"{batch:5d}  ray, 1 replica{n_tok / c_wall:8.1f}  {cs.steps:6d}  {c_wall / cs.steps * 1e3:7.2f}  "
+              f"{cs.acceptance_length:9.2f}   ratio ray / in-process {e_wall / c_wall:.2f}")
+        rep, n = cc.replicas[0], cs.steps
+        e_other = (e_wall - es.draft_s - es.target_s) / es.steps
+        runner_s = (rep.handler_s - rep.params_s - rep.prefill_s) / n
+        notes.append(
+            f"batch {batch}, per step: in-process {e_wall / es.steps * 1e3:.2f} ms (draft+target "
+            f"{(es.draft_s + es.target_s) / es.steps * 1e3:.2f}, controller/engine {e_other * 1e3:.2f}); "
+            f"ray {c_wall / n * 1e3:.2f} ms = in the replica {rep.handler_s / n * 1e3:.2f} (runner step "
+            f"{runner_s * 1e3:.2f}, parameter rebuild {rep.params_s / n * 1e3:.2f}, prefill {rep.prefill_s / n * 1e3:.2f})"
+            f" + round trip beyond the handler {(rep.rtt_s - rep.handler_s) / n * 1e3:.2f} (bare actor ping "
+            f"{ping * 1e3:.2f}) + controller {rep.controller_s / n * 1e3:.2f} (plan, parameters, observe, stream)"
+            f"\n    serialization (in the round trip): {serialization(cc, batch, depth)}")
+    print("\nwhere the Ray path's time goes:")
+    print("\n".join("  " + n for n in notes))
+
+
+if __name__ == "__main__":
+    main()
