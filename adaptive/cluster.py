@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ import ray
 from adaptive.acceptance import AcceptanceModel
 from adaptive.controller import Controller
 from adaptive.cost_model import CostModel, FixedCost
-from adaptive.engine import EngineStats, Request, RequestError, RequestOutput
+from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step
 from workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
 
 log = logging.getLogger("specdepth.cluster")
@@ -385,11 +384,10 @@ class ClusterController:
         finished = self._commit(rep, reply)
         conf = reply.conf if reply.conf is not None else \
             self.acceptance.calibrate(reply.seq_ids, reply.top1, reply.entropy) * (reply.top1 > 0)
-        rep.ctl._last_conf = conf  # what the policy saw, for its StepOutcome (Controller reads it)
         before = self.pooled_observations()
         rep.ctl.observe(reply.step, reply.seq_ids, reply.context_lens, rep.budgets, reply.drafted,
                         reply.verified, reply.accepted, reply.top1, reply.entropy, reply.draft_s,
-                        reply.target_s, reply.draft_passes, finished)
+                        reply.target_s, reply.draft_passes, finished, conf=conf)
         rep.observations += self.pooled_observations() - before
         rep.ctl.fallbacks.update(reply.fallbacks)
         for st in (self.stats, rep.stats):
@@ -397,7 +395,7 @@ class ClusterController:
             st.draft_s += reply.draft_s
             st.target_s += reply.target_s
             st.step_log.append((int((reply.verified + 1).sum()), int(reply.context_lens.sum()),
-                                reply.draft_s, reply.target_s))
+                                reply.draft_s, reply.target_s, reply.draft_passes, len(reply.seq_ids)))
         self._record(rep, reply, time.perf_counter() - rep.t_submit)
         rep.controller_s += time.perf_counter() - t0
 
@@ -412,32 +410,8 @@ class ClusterController:
                 self._finish(rep, seq, "error", RequestError(req.request_id, reply.failed[sid]))
                 finished.append(sid)
                 continue
-            d, a = int(reply.verified[r]), int(reply.accepted[r])
-            out.steps += 1
-            out.verified += d
-            out.accepted += a
-            for st in (self.stats, rep.stats):
-                st.seq_steps += 1
-                st.pos_verified[:d] += 1  # conditional counts, as Engine: j verified given j - 1 accepted
-                st.pos_accepted[:a] += 1
-                if d > a:
-                    st.pos_verified[a + 1: d] -= 1
-            new = reply.emitted[r][: req.max_new_tokens - len(out.output_ids)]
-            reason = None
-            if not req.ignore_eos:
-                for i, t in enumerate(new):
-                    if t in self.eos_ids:
-                        new, reason = new[: i + 1], "eos"
-                        break
-            if new and not out.output_ids:
-                out.t_first = now
-            out.output_ids.extend(new)
-            self.stats.emitted += len(new)
-            rep.stats.emitted += len(new)
-            if req.on_token is not None and new:
-                req.on_token(req.request_id, new)
-            if reason is None and len(out.output_ids) >= req.max_new_tokens:
-                reason = "length"
+            reason = commit_step(req, out, reply.emitted[r], int(reply.verified[r]), int(reply.accepted[r]),
+                                 [self.stats, rep.stats], self.eos_ids, now)
             if reason is None and len(seq.committed) >= self.max_len:
                 reason = "context"
             if reason:
@@ -515,61 +489,3 @@ class ClusterController:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
-
-
-def run_generate_on_ray(args: Any, prompts: list[str], sampling: Any, emit_outputs: Optional[Callable] = None,
-                        print_summary: Optional[Callable] = None) -> int:
-    """`specdepth generate --ray`: the same run as in-process, its replicas on Ray (see cmd_generate).
-
-    `--cost auto` profiles replica 0's pair once (cached like the in-process run: SPECDEPTH_CACHE
-    or ~/.cache/specdepth) and every replica refines its own copy online.
-    """
-    if emit_outputs is None or print_summary is None:  # CLI glue lives in experiments/
-        from experiments.cmd_generate import emit_outputs, print_summary  # noqa: F811
-    from adaptive.cost_model import load_cost, parse_cost
-    from policies.registry import make_policy
-    from workers.actors import PairSpec
-
-    started = init_ray()
-    tok = _tokenizer(args.target)
-    rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
-                       seed=args.seed, device=args.device or "auto", threads=args.threads,
-                       n_slots=max(1, min(args.max_batch, -(-len(prompts) // max(args.replicas, 1)))))
-    policy = make_policy(args.policy)
-    try:
-        with ClusterController(policy, ClusterConfig(replicas=args.replicas, replica=rc)) as cc:
-            if args.cost != "auto":
-                cost = parse_cost(args.cost)
-            else:
-                info = cc.infos[0]
-                cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-                path = cache / f"profile-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}.json"
-                if not path.exists():
-                    print(f"profiling the pair on {info['device']} (once; cached at {path}) ...", file=sys.stderr)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(CostModel.from_dict(ray.get(cc.replicas[0].handle.profile.remote())).to_json())
-                cost = load_cost(path)
-            for rep in cc.replicas:
-                rep.ctl.cost = copy.deepcopy(cost)
-            reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
-            t0 = time.perf_counter()
-            outs = cc.run(reqs)
-            wall = time.perf_counter() - t0
-            emit_outputs(args, prompts, outs, tok)
-            print_summary(cc.stats, outs, wall, policy.describe(), cc.fallbacks)
-    finally:
-        if started:
-            ray.shutdown()
-    return 1 if any(o.error for o in outs) else 0
-
-
-def _tokenizer(target: Optional[str]) -> Any:
-    """The pair's tokenizer, loaded here without the models (they load in the replicas)."""
-    from workers.bundled import BUNDLED_DIR
-    from workers.tokenizer import Tokenizer
-    if target is None:
-        return Tokenizer(BUNDLED_DIR / "tokenizer.json")
-    if Path(target).is_dir():
-        from workers.hf_loader import load_hf_tokenizer
-        return load_hf_tokenizer(Path(target))
-    return Tokenizer(Path(target).parent / "tokenizer.json")

@@ -131,8 +131,11 @@ class Controller:
     def observe(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray,
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
-                finished: np.ndarray) -> None:
-        conf = getattr(self, "_last_conf", np.zeros_like(top1))
+                finished: np.ndarray, conf: np.ndarray | None = None) -> None:
+        """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
+        this controller computed in the step's verify; a remote replica passes its own)."""
+        if conf is None:
+            conf = getattr(self, "_last_conf", np.zeros_like(top1))
         if conf.shape != top1.shape:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted)

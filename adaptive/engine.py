@@ -77,6 +77,42 @@ class EngineStats:
         return self.emitted / self.seq_steps if self.seq_steps else 0.0
 
 
+def commit_step(req: Request, out: RequestOutput, emitted: list[int], verified: int, accepted: int,
+                stats: list[EngineStats], eos_ids: set[int], now: float) -> str | None:
+    """Count one sequence-step and stream its emitted tokens to the request.
+
+    Emitted tokens past max_new_tokens or past an EOS are dropped (unless ignore_eos). Returns the
+    finish reason ("eos" or "length") or None. Shared by the in-process and the Ray engines.
+    """
+    d, a = verified, accepted
+    out.steps += 1
+    out.verified += d
+    out.accepted += a
+    for st in stats:
+        st.seq_steps += 1
+        st.pos_verified[: d] += 1  # position j verified means j - 1 were accepted: conditional counts
+        st.pos_accepted[: a] += 1
+        if d > a:
+            st.pos_verified[a + 1: d] -= 1  # positions after the first rejection were never in play
+    new = emitted[: req.max_new_tokens - len(out.output_ids)]
+    reason = None
+    if not req.ignore_eos:
+        for i, t in enumerate(new):
+            if t in eos_ids:
+                new, reason = new[: i + 1], "eos"
+                break
+    if new and not out.output_ids:
+        out.t_first = now
+    out.output_ids.extend(new)
+    for st in stats:
+        st.emitted += len(new)
+    if req.on_token is not None and new:
+        req.on_token(req.request_id, new)
+    if reason is None and len(out.output_ids) >= req.max_new_tokens:
+        reason = "length"
+    return reason
+
+
 class Engine:
     def __init__(self, runner: PairRunner, depth: Controller | DepthFn, eos_ids: tuple[int, ...] = (),
                  max_batch: int | None = None) -> None:
@@ -188,30 +224,8 @@ class Engine:
             if r in res.failed:
                 self._finish(int(s), "error", RequestError(req.request_id, str(res.failed[r])))
                 continue
-            d, a = int(res.verified[r]), int(res.accepted[r])
-            out.steps += 1
-            out.verified += d
-            out.accepted += a
-            st.seq_steps += 1
-            st.pos_verified[: d] += 1  # position j verified means j - 1 were accepted: conditional counts
-            st.pos_accepted[: a] += 1
-            if d > a:
-                st.pos_verified[a + 1: d] -= 1  # positions after the first rejection were never in play
-            new = res.emitted[r][: req.max_new_tokens - len(out.output_ids)]
-            reason = None
-            if not req.ignore_eos:
-                for i, t in enumerate(new):
-                    if t in self.eos_ids:
-                        new, reason = new[: i + 1], "eos"
-                        break
-            if new and not out.output_ids:
-                out.t_first = now
-            out.output_ids.extend(new)
-            st.emitted += len(new)
-            if req.on_token is not None and new:
-                req.on_token(req.request_id, new)
-            if reason is None and len(out.output_ids) >= req.max_new_tokens:
-                reason = "length"
+            reason = commit_step(req, out, res.emitted[r], int(res.verified[r]), int(res.accepted[r]), [st],
+                                 self.eos_ids, now)
             if reason is None and len(self.runner.seqs[s]) >= self.runner.max_len:
                 reason = "context"
             if reason:

@@ -150,6 +150,62 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
     print("\n".join(lines), file=sys.stderr)
 
 
-def _run_ray(args, prompts, sampling) -> int:
-    from adaptive.cluster import run_generate_on_ray
-    return run_generate_on_ray(args, prompts, sampling)
+def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
+    """`specdepth generate --ray`: the same run as in-process, its replicas on Ray (see cmd_generate).
+
+    `--cost auto` profiles replica 0's pair once (cached like the in-process run: SPECDEPTH_CACHE
+    or ~/.cache/specdepth) and every replica refines its own copy online.
+    """
+    import copy
+
+    import ray
+
+    from adaptive.cluster import ClusterConfig, ClusterController, init_ray
+    from adaptive.cost_model import CostModel, load_cost, parse_cost
+    from adaptive.engine import Request
+    from policies.registry import make_policy
+    from workers.actors import PairSpec, ReplicaConfig
+
+    started = init_ray()
+    tok = _tokenizer(args.target)
+    rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
+                       seed=args.seed, device=args.device or "auto", threads=args.threads,
+                       n_slots=max(1, min(args.max_batch, -(-len(prompts) // max(args.replicas, 1)))))
+    policy = make_policy(args.policy)
+    try:
+        with ClusterController(policy, ClusterConfig(replicas=args.replicas, replica=rc)) as cc:
+            if args.cost != "auto":
+                cost = parse_cost(args.cost)
+            else:
+                info = cc.infos[0]
+                cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
+                path = cache / f"profile-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}.json"
+                if not path.exists():
+                    print(f"profiling the pair on {info['device']} (once; cached at {path}) ...", file=sys.stderr)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(CostModel.from_dict(ray.get(cc.replicas[0].handle.profile.remote())).to_json())
+                cost = load_cost(path)
+            for rep in cc.replicas:
+                rep.ctl.cost = copy.deepcopy(cost)
+            reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
+            t0 = time.perf_counter()
+            outs = cc.run(reqs)
+            wall = time.perf_counter() - t0
+            emit_outputs(args, prompts, outs, tok)
+            print_summary(cc.stats, outs, wall, policy.describe(), cc.fallbacks)
+    finally:
+        if started:
+            ray.shutdown()
+    return 1 if any(o.error for o in outs) else 0
+
+
+def _tokenizer(target: str | None):
+    """The pair's tokenizer, loaded here without the models (they load in the replicas)."""
+    from workers.bundled import BUNDLED_DIR
+    from workers.tokenizer import Tokenizer
+    if target is None:
+        return Tokenizer(BUNDLED_DIR / "tokenizer.json")
+    if Path(target).is_dir():
+        from workers.hf_loader import load_hf_tokenizer
+        return load_hf_tokenizer(Path(target))
+    return Tokenizer(Path(target).parent / "tokenizer.json")

@@ -68,7 +68,7 @@ def evaluate(pair: Pair, n_prompts: int, tokens: int) -> dict:
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in heldout_prompts(n_prompts)]
     recs = greedy_chains(pair, prompts, tokens)
-    matches, rooms, top1 = [], [], []
+    matches, top1 = [], []
     for rec in recs:
         m, room = match_lengths(rec)
         full = room == K  # only positions with a whole chain to compare

@@ -122,7 +122,6 @@ class PairRunner:
         tokens, qprobs, top1, ent, drafted, passes = self._draft(slots, budgets, keep_fn)
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
-        J = tokens.shape[1]
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
         verify = np.minimum(np.maximum(verify, 0), drafted)
         D = int(verify.max(initial=0))

@@ -19,7 +19,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            seq.append(int(model.forward_train(torch.tensor([seq]))[0, -1].argmax()))
+            seq.append(int(model.forward_train(torch.tensor([seq], device=model.device))[0, -1].argmax()))
     return seq[len(prompt):]
 
 
