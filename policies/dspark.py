@@ -50,16 +50,17 @@ class DSpark(DepthPolicy):
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
-                                           "dynamic": True}
+                                           "dynamic": True, "streak": 0.5}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, streak: float = 0.5) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
         self.price_draft = bool(price_draft)
         self.context_aware = bool(context_aware)
         self.dynamic = bool(dynamic)
+        self.streak = float(streak)  # weight of the last confidence (vs the prior) in c-hat_{r,j+1}
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         # Per-step verify cache (see the module docstring): the inputs it was built from, as bytes.
         self._step = -1
@@ -101,7 +102,7 @@ class DSpark(DepthPolicy):
         c = np.clip(np.nan_to_num(ctx.conf), 0.0, 1.0)  # (B, j)
         surv = np.cumprod(c, axis=1)  # (B, j)
         drafting = ctx.drafted == j
-        c_next = 0.5 * (np.clip(pc.prior_conf[:, j], 0.0, 1.0) + c[:, -1])  # (B,) c-hat_{r,j+1}
+        c_next = (1 - self.streak) * np.clip(pc.prior_conf[:, j], 0.0, 1.0) + self.streak * c[:, -1]  # (B,)
         gain = np.where(drafting, surv[:, -1] * c_next, 0.0)  # (B,)
         order = np.argsort(-gain, kind="stable")
         g = np.cumsum(gain[order])  # (B,) expected tokens from the best k sequences drafting on

@@ -197,7 +197,7 @@ def test_parameters_and_registry() -> None:
         DSpark(margin=-0.1)
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
-    assert policy.describe() == "dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True)"
+    assert policy.describe() == "dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, streak=0.5)"
 
 
 # --- dynamic draft depth (keep_drafting) -------------------------------------------------------------
