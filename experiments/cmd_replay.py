@@ -159,9 +159,13 @@ def plot_goodput(rows: list[dict[str, Any]], path: Path, title: str = "") -> Non
     key = load_key(rows[0])
     off = {m[key]: m["goodput_tok_s"] for m in rows if m["policy"] == "off"}
     fig, axes = plt.subplots(1, 2 if off else 1, figsize=(13 if off else 8, 5), squeeze=False)
-    for pol in dict.fromkeys(m["policy"] for m in rows):
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: every policy its own
+    for i, pol in enumerate(dict.fromkeys(m["policy"] for m in rows)):
         pts = sorted((m[key], m["goodput_tok_s"]) for m in rows if m["policy"] == pol)
-        style = {"ls": "--", "color": "black"} if pol.split(":")[0] == "oracle" else {"ls": "-"}
+        name = pol.split(":")[0]
+        style = ({"ls": "--", "color": "black"} if name == "oracle" else
+                 {"ls": "-", "color": "crimson", "lw": 2.5, "zorder": 5} if name == "dspark" else
+                 {"ls": "-", "color": colors[i % len(colors)], "lw": 1.2})
         axes[0, 0].plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, label=pol, **style)
         if off:
             rel = [(x, y / off[x]) for x, y in pts if off.get(x)]
