@@ -150,3 +150,21 @@ def test_greedy_replay_equals_the_live_engine(spec):
     assert [o.accepted for o in outs] == rep.accepted.tolist()
     assert [o.steps for o in outs] == rep.steps.tolist()
     assert sum(o.accepted for o in outs) > 0
+
+
+@pytest.mark.parametrize("spec", ["static:k=3", "dspark"])
+def test_greedy_replay_equals_live_on_the_bundled_pair(spec):
+    """The same check on the real bundled pair and held-out prompts (a few, short)."""
+    from workers.bundled import heldout_prompts, load_pair
+    pair = load_pair(device="cpu")
+    prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(4)]
+    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=24, batch=4, progress=False)
+    cost = FixedCost(target_ms=7.0, draft_ms=1.2)
+    live = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=6),
+                  Controller(make_policy(spec), 6, cost=cost, learn_cost=False))
+    outs = live.run([Request(str(i), p, 24, ignore_eos=True) for i, p in enumerate(prompts)])
+    rep = replay(traces, spec, cost, concurrency=4, requests=len(prompts), drain=True)
+    assert [o.output_ids for o in outs] == [r.tokens.tolist() for r in traces.requests]
+    assert [o.accepted for o in outs] == rep.accepted.tolist()
+    assert [o.steps for o in outs] == rep.steps.tolist()
+    assert sum(o.accepted for o in outs) > 0
