@@ -38,7 +38,7 @@ import ray
 from adaptive.acceptance import AcceptanceModel
 from adaptive.controller import Controller
 from adaptive.cost_model import CostModel, FixedCost
-from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step
+from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, validate_request
 from workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
 
 log = logging.getLogger("specdepth.cluster")
@@ -229,17 +229,7 @@ class ClusterController:
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
         """Raises RequestError naming the request for input that cannot be served."""
-        rid, ids = req.request_id, req.prompt_ids
-        if not ids:
-            raise RequestError(rid, "empty prompt")
-        if len(ids) >= self.max_len:
-            raise RequestError(rid, f"prompt of {len(ids)} tokens does not fit the context of "
-                                    f"{self.max_len} tokens")
-        bad = [t for t in ids if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise RequestError(rid, f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
-        if req.max_new_tokens <= 0:
-            raise RequestError(rid, f"max_new_tokens must be > 0, got {req.max_new_tokens}")
+        validate_request(req, self.max_len, self.vocab_size)
 
     def submit(self, req: Request) -> RequestOutput:
         out = RequestOutput(req.request_id, list(req.prompt_ids), t_submit=time.perf_counter())

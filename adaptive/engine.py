@@ -77,6 +77,20 @@ class EngineStats:
         return self.emitted / self.seq_steps if self.seq_steps else 0.0
 
 
+def validate_request(req: Request, max_len: int, vocab_size: int) -> None:
+    """Raises RequestError naming the request for input that cannot be served."""
+    rid, ids = req.request_id, req.prompt_ids
+    if not ids:
+        raise RequestError(rid, "empty prompt")
+    if len(ids) >= max_len:
+        raise RequestError(rid, f"prompt of {len(ids)} tokens does not fit the context of {max_len} tokens")
+    bad = [t for t in ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise RequestError(rid, f"token ids out of range [0, {vocab_size}): {bad[:5]}")
+    if req.max_new_tokens <= 0:
+        raise RequestError(rid, f"max_new_tokens must be > 0, got {req.max_new_tokens}")
+
+
 def commit_step(req: Request, out: RequestOutput, emitted: list[int], verified: int, accepted: int,
                 stats: list[EngineStats], eos_ids: set[int], now: float) -> str | None:
     """Count one sequence-step and stream its emitted tokens to the request.
@@ -131,18 +145,7 @@ class Engine:
 
     # ---- admission ----------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
-        """Raises RequestError naming the request for input that cannot be served."""
-        rid, ids = req.request_id, req.prompt_ids
-        if not ids:
-            raise RequestError(rid, "empty prompt")
-        if len(ids) >= self.runner.max_len:
-            raise RequestError(rid, f"prompt of {len(ids)} tokens does not fit the context of "
-                                    f"{self.runner.max_len} tokens")
-        bad = [t for t in ids if not 0 <= int(t) < self.runner.vocab_size]
-        if bad:
-            raise RequestError(rid, f"token ids out of range [0, {self.runner.vocab_size}): {bad[:5]}")
-        if req.max_new_tokens <= 0:
-            raise RequestError(rid, f"max_new_tokens must be > 0, got {req.max_new_tokens}")
+        validate_request(req, self.runner.max_len, self.runner.vocab_size)
 
     def submit(self, req: Request) -> RequestOutput:
         out = RequestOutput(req.request_id, list(req.prompt_ids), t_submit=time.perf_counter())
