@@ -38,7 +38,7 @@ import ray
 from adaptive.acceptance import AcceptanceModel
 from adaptive.controller import Controller
 from adaptive.cost_model import CostModel, FixedCost
-from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, validate_request
+from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, submit_all, validate_request
 from workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
 
 log = logging.getLogger("specdepth.cluster")
@@ -310,12 +310,7 @@ class ClusterController:
         Raises:
             RuntimeError: every replica was dropped.
         """
-        outs = []
-        for req in requests:
-            try:
-                outs.append(self.submit(req))
-            except RequestError as e:
-                outs.append(RequestOutput(req.request_id, list(req.prompt_ids), finish_reason="error", error=e))
+        outs = submit_all(self, requests)
         while self.has_work():
             before = self.stats.emitted
             self.step()

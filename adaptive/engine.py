@@ -91,6 +91,17 @@ def validate_request(req: Request, max_len: int, vocab_size: int) -> None:
         raise RequestError(rid, f"max_new_tokens must be > 0, got {req.max_new_tokens}")
 
 
+def submit_all(engine, requests: list[Request]) -> list[RequestOutput]:
+    """Submit every request to `engine` (in-process or Ray); invalid ones come back failed, named."""
+    outs = []
+    for req in requests:
+        try:
+            outs.append(engine.submit(req))
+        except RequestError as e:
+            outs.append(RequestOutput(req.request_id, list(req.prompt_ids), finish_reason="error", error=e))
+    return outs
+
+
 def commit_step(req: Request, out: RequestOutput, emitted: list[int], verified: int, accepted: int,
                 stats: list[EngineStats], eos_ids: set[int], now: float) -> str | None:
     """Count one sequence-step and stream its emitted tokens to the request.
@@ -236,12 +247,7 @@ class Engine:
 
     def run(self, requests: list[Request], progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
         """Serve all requests to completion; invalid ones come back with their error set."""
-        outs = []
-        for req in requests:
-            try:
-                outs.append(self.submit(req))
-            except RequestError as e:
-                outs.append(RequestOutput(req.request_id, list(req.prompt_ids), finish_reason="error", error=e))
+        outs = submit_all(self, requests)
         while self.has_work():
             before = sum(len(o.output_ids) for o in outs)
             self.step()
