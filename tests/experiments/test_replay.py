@@ -132,24 +132,27 @@ def test_arrival_trace(tmp_path, syn):
         load_arrivals(bad)
 
 
-@pytest.mark.parametrize("spec", ["static:k=3", "dspark", "hf-confidence"])
-def test_greedy_replay_equals_the_live_engine(spec):
-    """Record a tiny pair's trace, then run the live engine and the replay with the same policy and a
-    fixed cost: every request's accepted count and step count must agree exactly."""
-    target, draft = tiny_pair(noise=0.35, seed=6)
-    rng = np.random.default_rng(8)
-    prompts = [rng.integers(0, 96, int(rng.integers(1, 10))).tolist() for _ in range(10)]
-    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
-    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=30, batch=4, progress=False)
-    cost = FixedCost(target_ms=10.0, draft_ms=1.0)
-    live = Engine(PairRunner(target, draft, n_slots=4, max_depth=6),
+def check_replay_equals_live(pair, prompts: list[list[int]], spec: str, tokens: int, cost: FixedCost) -> None:
+    """Record the pair's trace, then run the live engine and the replay with the same policy and a
+    fixed cost: every request's output, accepted count and step count must agree exactly."""
+    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=tokens, batch=4, progress=False)
+    live = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=6),
                   Controller(make_policy(spec), 6, cost=cost, learn_cost=False))
-    outs = live.run([Request(str(i), p, 30, ignore_eos=True) for i, p in enumerate(prompts)])
+    outs = live.run([Request(str(i), p, tokens, ignore_eos=True) for i, p in enumerate(prompts)])
     rep = replay(traces, spec, cost, concurrency=4, requests=len(prompts), drain=True)
     assert [o.output_ids for o in outs] == [r.tokens.tolist() for r in traces.requests]
     assert [o.accepted for o in outs] == rep.accepted.tolist()
     assert [o.steps for o in outs] == rep.steps.tolist()
     assert sum(o.accepted for o in outs) > 0
+
+
+@pytest.mark.parametrize("spec", ["static:k=3", "dspark", "hf-confidence"])
+def test_greedy_replay_equals_the_live_engine(spec):
+    target, draft = tiny_pair(noise=0.35, seed=6)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 96, int(rng.integers(1, 10))).tolist() for _ in range(10)]
+    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
+    check_replay_equals_live(pair, prompts, spec, 30, FixedCost(target_ms=10.0, draft_ms=1.0))
 
 
 @pytest.mark.parametrize("spec", ["static:k=3", "dspark"])
@@ -158,13 +161,4 @@ def test_greedy_replay_equals_live_on_the_bundled_pair(spec):
     from workers.bundled import heldout_prompts, load_pair
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(4)]
-    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=24, batch=4, progress=False)
-    cost = FixedCost(target_ms=7.0, draft_ms=1.2)
-    live = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=6),
-                  Controller(make_policy(spec), 6, cost=cost, learn_cost=False))
-    outs = live.run([Request(str(i), p, 24, ignore_eos=True) for i, p in enumerate(prompts)])
-    rep = replay(traces, spec, cost, concurrency=4, requests=len(prompts), drain=True)
-    assert [o.output_ids for o in outs] == [r.tokens.tolist() for r in traces.requests]
-    assert [o.accepted for o in outs] == rep.accepted.tolist()
-    assert [o.steps for o in outs] == rep.steps.tolist()
-    assert sum(o.accepted for o in outs) > 0
+    check_replay_equals_live(pair, prompts, spec, 24, FixedCost(target_ms=7.0, draft_ms=1.2))
