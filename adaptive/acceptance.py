@@ -72,19 +72,30 @@ class AcceptanceConfig:
             raise ValueError(f"prior_rate must be in (0, 1): {self}")
 
 
+def _clip(x: np.ndarray | float, lo: float, hi: float) -> np.ndarray:
+    return np.minimum(np.maximum(x, lo), hi)  # np.clip, without its Python-level overhead
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -30.0, 30.0)))
+    return 1.0 / (1.0 + np.exp(-_clip(x, -30.0, 30.0)))
 
 
 def _logit(p: np.ndarray | float) -> np.ndarray:
-    p = np.clip(p, 1e-4, 1 - 1e-4)
+    p = _clip(p, 1e-4, 1 - 1e-4)
     return np.log(p) - np.log1p(-p)
 
 
 def _features(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
     """(..., 3) features [log t, -log(1 - t), H] of top-1 probabilities and entropies."""
-    t = np.clip(top1, EPS, 1 - EPS)
+    t = _clip(top1, EPS, 1 - EPS)
     return np.stack([np.log(t), -np.log1p(-t), np.maximum(entropy, 0.0)], axis=-1)
+
+
+def _linear(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(B, J) w0 log t + w1 (-log(1 - t)) + w2 H + w3 with per-column weights w (J, 4): the
+    regression's logit, as `(_features(top1, entropy) * w[:, :3]).sum(-1) + w[:, 3]`."""
+    t = _clip(top1, EPS, 1 - EPS)
+    return w[:, 0] * np.log(t) - w[:, 1] * np.log1p(-t) + w[:, 2] * np.maximum(entropy, 0.0) + w[:, 3]
 
 
 def _cell(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
@@ -115,6 +126,7 @@ class AcceptanceModel:
         self._seq_row: dict[int, int] = {}  # sequence id -> row of seq_stats
         self.seq_stats = np.zeros((0, SEQ_COLS))  # (rows, SEQ_COLS)
         self._free_rows: list[int] = []
+        self._shift_cache: dict[tuple, np.ndarray] = {}  # see `_seq_shift`; cleared when seq_stats change
         self.metrics = np.zeros((2, cfg.ece_bins, 3))  # [calibrated, raw] x bin x (n, sum pred, sum real)
         self.brier_sum = np.zeros(2)  # [calibrated, raw] sum of squared errors
 
@@ -126,8 +138,7 @@ class AcceptanceModel:
     def _global_conf(self, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) global-model confidences, no per-sequence shift."""
         w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
-        x = _features(top1, entropy)  # (B, J, 3)
-        return _sigmoid((x * w[:, :N_FEAT]).sum(-1) + w[:, N_FEAT])
+        return _sigmoid(_linear(top1, entropy, w))
 
     def rates(self, K: int) -> np.ndarray:
         """(K,) global conditional acceptance rate per position, as of the last fit."""
@@ -136,6 +147,18 @@ class AcceptanceModel:
     def _rows(self, seq_ids: np.ndarray) -> np.ndarray:
         """(B,) rows of known sequences, -1 for unknown ones."""
         return np.array([self._seq_row.get(int(s), -1) for s in np.ravel(seq_ids)], dtype=np.int64)
+
+    def _seq_shift(self, seq_ids: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
+        """`_shift` of these sequences, cached until the sequence histories change (a step asks
+        for the same batch's shift at every draft pass and every causal verify call)."""
+        ids = np.asarray(seq_ids)
+        key = (pred_cols, ids.dtype.str, ids.tobytes())
+        out = self._shift_cache.get(key)
+        if out is None:
+            if len(self._shift_cache) > 64:
+                self._shift_cache.clear()
+            out = self._shift_cache[key] = self._shift(self._rows(ids), pred_cols)
+        return out
 
     def _shift(self, rows: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
         """(B,) log-odds shift from each sequence's Beta-Bernoulli posterior (0 when unknown)."""
@@ -164,15 +187,15 @@ class AcceptanceModel:
             sequence's history only (never on other columns): safe for causal verification.
         """
         top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
-        shift = self._shift(self._rows(seq_ids), (2, 3))  # (B,)
+        shift = self._seq_shift(seq_ids, (2, 3))  # (B,)
         w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
-        z = (_features(top1, entropy) * w[:, :N_FEAT]).sum(-1) + w[:, N_FEAT] + shift[:, None]
+        z = _linear(top1, entropy, w) + shift[:, None]
         return np.where(top1 > 0, _sigmoid(z), 0.0)
 
     def prior_conf(self, seq_ids: np.ndarray, K: int) -> np.ndarray:
         """(B, K) history-based confidences before drafting: the global per-position rates,
         shifted by each sequence's own acceptance history (Beta-Bernoulli, as `calibrate`)."""
-        shift = self._shift(self._rows(seq_ids), (4, 5))  # (B,)
+        shift = self._seq_shift(seq_ids, (4, 5))  # (B,)
         return _sigmoid(_logit(self.rates(K))[None, :] + shift[:, None])
 
     # ---- learning -------------------------------------------------------------------------
@@ -215,7 +238,7 @@ class AcceptanceModel:
 
     def _record(self, conf: np.ndarray, top1: np.ndarray, tested: np.ndarray, y: np.ndarray) -> None:
         nb = self.config.ece_bins
-        for k, c in enumerate((conf, np.clip(top1, 0.0, 1.0))):
+        for k, c in enumerate((conf, _clip(top1, 0.0, 1.0))):
             s = np.cumprod(c, axis=1)[tested]  # predicted survival of verified positions
             r = y[tested]
             b = np.minimum((s * nb).astype(np.int64), nb - 1)
@@ -224,12 +247,12 @@ class AcceptanceModel:
 
     def _update_seqs(self, seq_ids: np.ndarray, counted: np.ndarray, y: np.ndarray,
                      g_conf: np.ndarray, g_rate: np.ndarray) -> None:
+        self._shift_cache.clear()
         m = counted.astype(np.float64)
         upd = np.stack([(m * y).sum(1), (m * (1 - y)).sum(1), (m * g_conf).sum(1),
                         (m * (1 - g_conf)).sum(1), (m * g_rate).sum(1), (m * (1 - g_rate)).sum(1)], 1)
-        for s, u in zip(np.ravel(seq_ids), upd):
-            row = self._row_for(int(s))  # may grow seq_stats: index after
-            self.seq_stats[row] += u
+        rows = [self._row_for(int(s)) for s in np.ravel(seq_ids)]  # may grow seq_stats: index after
+        np.add.at(self.seq_stats, rows, upd)
 
     def _row_for(self, seq_id: int) -> int:
         row = self._seq_row.get(seq_id)
@@ -246,6 +269,7 @@ class AcceptanceModel:
 
     def forget(self, seq_ids: np.ndarray) -> None:
         """Drop finished sequences' histories (their contribution to the global fit stays)."""
+        self._shift_cache.clear()
         for s in np.ravel(seq_ids):
             row = self._seq_row.pop(int(s), None)
             if row is not None:
@@ -342,6 +366,7 @@ class AcceptanceModel:
                              f"do not match this model's {self.cells.shape}/{self.metrics.shape}")
 
     def _add_seqs(self, state: dict[str, Any]) -> None:
+        self._shift_cache.clear()
         for s, st in zip(np.asarray(state["seq_ids"]).tolist(), np.asarray(state["seq_stats"])):
             row = self._row_for(int(s))
             self.seq_stats[row] += st

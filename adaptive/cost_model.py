@@ -245,18 +245,42 @@ def _cells(x: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     if len(grid) == 1:
         z = np.zeros(np.shape(x), dtype=np.int64)
         return z, z, np.zeros(np.shape(x))
-    i0 = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    i0 = np.minimum(np.maximum(np.searchsorted(grid, x, side="right") - 1, 0), len(grid) - 2)
     w = (np.asarray(x, np.float64) - grid[i0]) / (grid[i0 + 1] - grid[i0])
     return i0, i0 + 1, np.maximum(w, 0.0)
 
 
-def _bilinear(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, r: Any, c: Any) -> np.ndarray:
-    """table (R, C) over grids rows x cols, evaluated at (r, c) (broadcast)."""
-    r0, r1, wr = _cells(r, rows)
-    c0, c1, wc = _cells(c, cols)
-    lo = (1 - wc) * table[r0, c0] + wc * table[r0, c1]
-    hi = (1 - wc) * table[r1, c0] + wc * table[r1, c1]
-    return (1 - wr) * lo + wr * hi
+_FAR = 1e12  # a grid point far right of any step: np.interp then extrapolates the last segment
+
+
+class _Interp:
+    """f(ctx, x) over a (ctx grid x x grid) table: linear in both, clamped on the left, extrapolated
+    linearly on the right. The row at one context is cached, so a step's many queries at the same
+    context are one `np.interp` each."""
+
+    def __init__(self, table: np.ndarray, ctx_grid: np.ndarray, x_grid: np.ndarray) -> None:
+        self.table, self.ctx_grid = table, ctx_grid  # (Nc, Nx), (Nc,)
+        self.x_ext = np.append(x_grid, _FAR) if len(x_grid) > 1 else np.array([0.0, _FAR])  # (Nx + 1,)
+        self._ctx: float | None = None
+        self._row = np.zeros(0)  # (Nx + 1,) the table at self._ctx, with its far point
+
+    def row(self, ctx: float) -> np.ndarray:
+        if ctx != self._ctx:
+            i0, i1, w = _cells(np.float64(ctx), self.ctx_grid)
+            r = self.table[int(i0)] + float(w) * (self.table[int(i1)] - self.table[int(i0)])  # (Nx,)
+            if len(r) > 1:
+                g = self.x_ext
+                far = r[-1] + (r[-1] - r[-2]) / (g[-2] - g[-3]) * (_FAR - g[-2])
+            else:
+                r, far = np.repeat(r, 1), r[-1]
+            self._row, self._ctx = np.append(r, far), ctx
+        return self._row
+
+    def __call__(self, ctx: float, x: Any) -> np.ndarray:
+        row = self.row(float(ctx))
+        if len(row) == 2:  # a one-point grid: constant
+            return np.full(np.shape(x), row[0])
+        return np.interp(x, self.x_ext, row)
 
 
 def _update_weights(x: float, grid: np.ndarray) -> list[tuple[int, float]]:
@@ -294,8 +318,12 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
 def _monotone(table: np.ndarray) -> np.ndarray:
     """(Nc, Nx) table made non-decreasing along both axes: more tokens or more context is never
     faster. Isotonic along x, then along context (which keeps the first, being order-preserving)."""
-    rows = np.stack([_isotonic(r) for r in table])
-    return np.stack([_isotonic(c) for c in rows.T], axis=1)
+    out = table.copy()
+    for axis in (1, 0):  # rows (along x) first, then columns (along context)
+        view = out if axis == 1 else out.T
+        for i in np.flatnonzero((np.diff(view, axis=1) < 0).any(axis=1)):  # only lines that decrease
+            view[i] = _isotonic(view[i])
+    return out
 
 
 class ProfiledCost(CostModel):
@@ -340,15 +368,34 @@ class ProfiledCost(CostModel):
         self._refresh()
 
     def _refresh(self) -> None:
-        self.target_table = _monotone(self.base_target * np.exp(self.target_logcorr))  # (Nc, Nt)
-        self.draft_table = _monotone(self.base_draft * np.exp(self.draft_logcorr))  # (Nc, Nb)
+        """Rebuild the corrected monotone tables (lazily: at the first query after a correction)."""
+        self._target_table = _monotone(self.base_target * np.exp(self.target_logcorr))  # (Nc, Nt)
+        self._draft_table = _monotone(self.base_draft * np.exp(self.draft_logcorr))  # (Nc, Nb)
+        self._target_f = _Interp(self._target_table, self.ctx_grid, self.token_grid)
+        self._draft_f = _Interp(self._draft_table, self.ctx_grid, self.batch_grid)
+        self._dirty = False
+
+    @property
+    def target_table(self) -> np.ndarray:
+        if self._dirty:
+            self._refresh()
+        return self._target_table
+
+    @property
+    def draft_table(self) -> np.ndarray:
+        if self._dirty:
+            self._refresh()
+        return self._draft_table
 
     def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
-        n = np.asarray(n_tokens, np.float64)
-        return _like(_bilinear(self.target_table, self.ctx_grid, self.token_grid, context_tokens, n), n_tokens)
+        if self._dirty:
+            self._refresh()
+        return _like(self._target_f(context_tokens, n_tokens), n_tokens)
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
-        return float(_bilinear(self.draft_table, self.ctx_grid, self.batch_grid, context_tokens, batch_size))
+        if self._dirty:
+            self._refresh()
+        return float(self._draft_f(context_tokens, batch_size))
 
     def _correct(self, logcorr: np.ndarray, cols: np.ndarray, x: float, ctx: float, observed: float,
                  predicted: float) -> None:
@@ -372,7 +419,7 @@ class ProfiledCost(CostModel):
         if draft_passes > 0 and draft_batch > 0:
             self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
                           draft_s / draft_passes, self.draft_time(draft_batch, context_tokens))
-        self._refresh()
+        self._dirty = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "token_grid": self.token_grid.tolist(), "ctx_grid": self.ctx_grid.tolist(),

@@ -67,6 +67,7 @@ class EngineStats:
     emitted: int = 0
     draft_s: float = 0.0
     target_s: float = 0.0
+    control_s: float = 0.0  # the controller: plan, keep_drafting and verify callbacks, observe
     pos_verified: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
     pos_accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
     # per step: (N step tokens, context tokens, draft_s, target_s, draft passes, batch size)
@@ -192,7 +193,9 @@ class Engine:
         ctx_lens = np.array([len(self.runner.seqs[s]) for s in slots], dtype=np.int64)
         room = np.array([min(self.running[s][0].max_new_tokens - len(self.running[s][1].output_ids),
                              self.runner.max_len - len(self.runner.seqs[s])) - 1 for s in slots])
+        t_plan = time.perf_counter()
         budgets = self._budgets(slots, seq_ids, ctx_lens)
+        t_plan = time.perf_counter() - t_plan
         budgets = np.minimum(budgets, np.maximum(room, 0))  # never draft past what can be emitted
         live = np.array([s in self.running for s in slots])
         slots, seq_ids, ctx_lens, budgets = slots[live], seq_ids[live], ctx_lens[live], budgets[live]
@@ -203,6 +206,7 @@ class Engine:
                                ctl.keep_fn(self.step_no, seq_ids, budgets) if ctl else None,
                                ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None)
         self._commit(res)
+        t_obs = time.perf_counter()
         if ctl:
             ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
                         res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
@@ -211,6 +215,7 @@ class Engine:
         st.steps += 1
         st.draft_s += res.draft_s
         st.target_s += res.target_s
+        st.control_s += t_plan + res.policy_s + time.perf_counter() - t_obs
         st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
                             len(res.slots)))
         self.step_no += 1

@@ -111,8 +111,8 @@ class DSpark(DepthPolicy):
         sunk = j * float(pc.cost.draft_time(B, context))
         tau_now = B + float(surv.sum())
         theta_now = tau_now / (sunk + float(pc.cost.target_time(n_now, context)))
-        t_next = sunk + np.array([float(pc.cost.draft_time(int(x), context)) for x in (k if B <= 8 else [B])])
-        t_next = t_next if B <= 8 else np.full(B, t_next[0])  # one pass costs about the same for any k
+        d1, d_all = float(pc.cost.draft_time(1, context)), float(pc.cost.draft_time(B, context))
+        t_next = sunk + d1 + (d_all - d1) * (k - 1) / max(B - 1, 1)  # (B,) a pass of k rows, linear in k
         theta = (tau_now + g) / (t_next + np.asarray(pc.cost.target_time(n_now + k, context), float))
         best = int(np.argmax(theta))
         keep = np.zeros(B, bool)

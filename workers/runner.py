@@ -41,12 +41,13 @@ class StepResult:
     emitted: list[list[int]]  # B lists of a_r + 1 tokens (empty for a failed sequence)
     top1: np.ndarray  # (B, J) float: draft top-1 probability per drafted position, 0 past drafted
     entropy: np.ndarray  # (B, J) float
-    draft_s: float  # wall time of all draft passes
-    target_s: float  # wall time of the verification pass (+ sampling)
+    draft_s: float  # wall time of all draft passes (the keep_fn callbacks excluded)
+    target_s: float  # wall time of the verification pass + sampling + commit (verify_fn excluded)
     draft_passes: int
     step_tokens: int  # N = sum_r (d_r + 1)
     context_tokens: int  # sum of committed lengths before the step
     failed: dict[int, Exception] = field(default_factory=dict)  # row -> error (that sequence only)
+    policy_s: float = 0.0  # wall time inside keep_fn and verify_fn (the controller's decisions)
 
 
 class PairRunner:
@@ -119,11 +120,13 @@ class PairRunner:
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
+        self._keep_s = 0.0
         tokens, qprobs, top1, ent, drafted, passes = self._draft(slots, budgets, keep_fn)
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
         verify = np.minimum(np.maximum(verify, 0), drafted)
+        t_verify = time.perf_counter() - t1
         D = int(verify.max(initial=0))
         seq_t = torch.tensor(slots, device=self.device)
         inp = torch.zeros((B, D + 1), dtype=torch.long, device=self.device)  # last committed + drafts
@@ -154,7 +157,8 @@ class PairRunner:
             emitted.append(new)
         t2 = time.perf_counter()
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
-                          t1 - t0, t2 - t1, passes, int((verify + 1).sum()), ctx_tokens, failed)
+                          t1 - t0 - self._keep_s, t2 - t1 - t_verify, passes, int((verify + 1).sum()), ctx_tokens,
+                          failed, self._keep_s + t_verify)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
         """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts."""
@@ -170,32 +174,35 @@ class PairRunner:
             rows = np.flatnonzero(active)
             if j == 0:  # catch up: everything committed that the draft cache lacks
                 pend = [self.seqs[slots[r]][self.dcache.lengths[slots[r]]:] for r in rows]
-            else:
-                pend = [[int(tokens[r, j - 1])] for r in rows]
-            T = max(len(p) for p in pend)
-            inp = torch.zeros((len(rows), T), dtype=torch.long, device=self.device)
-            for i, p in enumerate(pend):
-                inp[i, : len(p)] = torch.tensor(p)
-            n_new = torch.tensor([len(p) for p in pend], device=self.device)
-            logits = self.draft(self.dcache, torch.tensor(slots[rows], device=self.device), inp, n_new)
-            last = logits[torch.arange(len(rows)), n_new - 1]  # (b, V): distribution for x_{j+1}
-            bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
-            if bad:  # a draft that cannot be trusted drafts nothing more; verification stays exact
-                for i in bad:
+                T = max(len(p) for p in pend)
+                inp = torch.tensor([p + [0] * (T - len(p)) for p in pend], device=self.device)  # (b, T)
+                n_new = torch.tensor([len(p) for p in pend], device=self.device)
+            else:  # one new token per row: the one drafted last
+                rows_t = torch.from_numpy(rows).to(self.device)
+                inp = tokens[rows_t, j - 1][:, None]  # (b, 1)
+                n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
+            logits = self.draft(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new)
+            last = logits[:, -1] if j else logits[torch.arange(len(rows)), n_new - 1]  # (b, V): x_{j+1}'s distribution
+            if not bool(torch.isfinite(last).all()):
+                bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
+                for i in bad:  # a draft that cannot be trusted drafts nothing more; verification stays exact
                     active[rows[i]] = False
                 last = torch.nan_to_num(last)
-            p1, h = confidence_features(last)
+            p1, h, top = confidence_features(last, with_argmax=True)
             top1[rows, j], ent[rows, j] = p1.cpu().numpy(), h.cpu().numpy()
-            q = probs_from_logits(last, self.sampling)  # (b, V)
-            x = q.argmax(-1) if self.sampling.greedy else sample(q, self.gen)
-            tokens[rows, j] = x
-            if qprobs is not None:
+            if self.sampling.greedy:
+                tokens[rows, j] = top  # the argmax: greedy drafting needs no probabilities
+            else:
+                q = probs_from_logits(last, self.sampling)  # (b, V)
+                tokens[rows, j] = sample(q, self.gen)
                 qprobs[rows, j] = q
             drafted[rows[active[rows]]] += 1
             j += 1
             active &= drafted < budgets
             if keep_fn is not None and active.any() and j < K:
+                t = time.perf_counter()
                 active &= np.asarray(keep_fn(j, top1[:, :j], ent[:, :j], drafted), dtype=bool)
+                self._keep_s += time.perf_counter() - t
         return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:

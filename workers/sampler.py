@@ -61,15 +61,18 @@ def sample(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def confidence_features(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def confidence_features(logits: torch.Tensor, with_argmax: bool = False):
     """The draft's top-1 probability and entropy (nats) at a position, from its raw distribution.
 
     Computed from the distribution *before* the token is drawn: a function of the prefix only,
-    so a depth decision may use it without breaking losslessness. (B, V) -> (B,), (B,).
+    so a depth decision may use it without breaking losslessness. (B, V) -> (B,), (B,), and with
+    `with_argmax` also the (B,) argmax token (the greedy draft's choice).
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
     p = logp.exp()
-    return p.max(-1).values, -(p * logp).sum(-1)
+    top = p.max(-1)
+    ent = -(p * logp).sum(-1)
+    return (top.values, ent, top.indices) if with_argmax else (top.values, ent)
 
 
 @dataclass
