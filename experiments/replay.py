@@ -198,7 +198,8 @@ class _Sim:
         accepted = np.minimum(verify, match)
         context = int(ctx.sum())
         N = B + int(verify.sum())
-        draft_s = passes * float(self.cost.draft_time(B, context)) if passes else 0.0
+        rows_per_pass = (drafted[None, :] > np.arange(passes)[:, None]).sum(1)  # (passes,) a pass drafts these
+        draft_s = sum(float(self.cost.draft_time(int(b), context)) for b in rows_per_pass)
         target_s = float(self.cost.target_time(N, context))
         self.clock += draft_s + target_s
         self.busy += draft_s + target_s

@@ -15,7 +15,12 @@ Each step (DESIGN.md "Allocation"):
   plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
   drafts are paid only where the confidences say they will likely be verified.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
-  and the same early-stop allocation picks d_r, with the draft time now sunk (extra = 0).
+  and the same early-stop allocation picks d_r. The draft passes already run are part of the
+  step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
+  them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
+  that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
+  own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
+  on confidences only, never on a drafted token.
 
 Both use the context-aware cost (context_tokens = the batch's KV tokens).
 
@@ -70,6 +75,7 @@ class DSpark(DepthPolicy):
         self._conf: list[bytes] = []  # ctx.conf[:, i] for the columns merged
         self._depth = 0  # the most positions a step has had (sizes the step-time table; no effect on answers)
         self._planned = (-1, 0)  # (step, slots budgeted) of the last plan: the same, for that step
+        self._passes = (-1, 0)  # (step, draft passes) as far as this policy knows (see verify)
         self._alloc: ColumnAllocator | None = None
 
     def _context_tokens(self, context_lens: np.ndarray) -> int:
@@ -90,6 +96,7 @@ class DSpark(DepthPolicy):
         self._plan_ctx = ctx
         if self.dynamic and budgets.any():  # the plan's depth becomes a ceiling; drafting stops dynamically
             budgets = np.where(budgets > 0, ctx.max_depth, 0)
+        self._passes = (ctx.step, int(budgets.max(initial=0)))
         return budgets
 
     def keep_drafting(self, ctx: DraftContext) -> np.ndarray:
@@ -118,7 +125,10 @@ class DSpark(DepthPolicy):
         keep = np.zeros(B, bool)
         if theta[best] > theta_now * (1.0 + self.margin):
             keep[order[: best + 1]] = True
-        return keep & drafting
+        keep &= drafting
+        if not keep.any() and self._passes[0] == ctx.step:
+            self._passes = (ctx.step, min(self._passes[1], j))  # drafting ends after pass j
+        return keep
 
     def _cache_matches(self, ctx: VerifyContext, j: int) -> bool:
         """True if this step's earlier calls saw exactly the inputs the cached answer rests on:
@@ -142,8 +152,10 @@ class DSpark(DepthPolicy):
         self._context_lens = ctx.context_lens.tobytes()
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
         hint = self._planned[1] if self._planned[0] == ctx.step else n * self._depth  # sizing only
+        passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
+        sunk = passes * float(cost.draft_time(n, context))  # (see the module docstring)
         self._alloc = ColumnAllocator(
-            n, lambda k: cost.target_time(n + k, context), self.margin, slots_hint=hint
+            n, lambda k: sunk + cost.target_time(n + k, context), self.margin, slots_hint=hint
         )
         return self._alloc
 

@@ -88,12 +88,27 @@ def test_sequence_history_shrinks_toward_its_own_rate():
         m.observe([5000], top1, np.ones((1, 5)), np.array([5]), np.array([5]))
         m.observe([6000], top1, np.ones((1, 5)), np.array([5]), np.array([0]))  # 6000 never does
     prior = m.prior_conf(np.array([5000, 6000, 99999]), 5)  # 99999: unknown -> global rates
-    np.testing.assert_allclose(prior[2], m.rates(5))
+    np.testing.assert_allclose(prior[2], m.plan_rates(5)[0])  # a fresh sequence: state 0
     assert np.all(prior[0] > prior[2]) and np.all(prior[1] < prior[2])
     conf = m.calibrate([5000, 6000, 99999], np.full((3, 5), 0.6), np.ones((3, 5)))
     assert np.all(conf[0] > conf[2]) and np.all(conf[1] < conf[2])
     m.forget([5000, 6000])
     np.testing.assert_allclose(m.prior_conf(np.array([5000, 6000]), 5), prior[[2, 2]])
+
+
+def test_planning_rates_are_optimistic_until_the_data_is_in():
+    """A fresh model plans with an optimistic rate, so a policy that would otherwise never draft
+    gets observations; with plenty of data the bonus vanishes (DSpark at C = 64 was stuck at off
+    in replay from a 0.5 start before this)."""
+    m = AcceptanceModel()
+    assert np.all(m.plan_rates(4) > 0.7) and np.all(m.rates(4) == 0.5)
+    assert np.all(AcceptanceModel(AcceptanceConfig(optimism=0.0)).plan_rates(4) == 0.5)
+    rng = np.random.default_rng(0)
+    feed(m, rng, 400)
+    m.fit()
+    bonus = m.plan_rates(4) - m.state_rates[:, :4]
+    most = int(np.argmax(m.state_n[:, 0]))  # the state with the most observations
+    assert np.all(bonus > 0) and bonus[most].max() < 0.01, bonus
 
 
 def test_merge_equals_one_model_fed_both_streams():

@@ -139,6 +139,33 @@ def test_each_causal_answer_is_the_allocation_of_the_columns_shown(cost) -> None
         assert np.all(kept <= drafted)
 
 
+def test_verify_counts_the_draft_passes_already_run_in_the_step_time() -> None:
+    """Sunk, but in Theta's denominator: with the plan's passes as extra time the answer is
+    `allocate(..., extra_time=passes * draft_time)`, which admits more than leaving them out."""
+    cost = LinearCost(target_s=0.01, draft_s=0.004, target_per_token_s=0.0015)
+    rng = np.random.default_rng(3)
+    more = 0
+    for step in range(20):
+        b = int(rng.integers(2, 30))
+        pol = DSpark(dynamic=False)
+        budgets = pol.plan(make_plan_ctx(b, prior_conf=0.85, cost=cost, step=step))
+        passes = int(budgets.max(initial=0))
+        if passes == 0:
+            continue
+        conf, _ = random_conf(rng, b, passes)
+        drafted = budgets.copy()
+        conf = conf * (np.arange(passes)[None, :] < drafted[:, None])
+        ctx = verify_ctx(conf, drafted, cost, step=step)
+        kept, answers = causal(pol, ctx)
+        survival = np.cumprod(conf, axis=1)
+        extra = passes * cost.draft_time(b, int(ctx.context_lens.sum()))
+        for j, ans in enumerate(answers, start=1):
+            want = allocate(survival[:, :j], cost.target_time, int(ctx.context_lens.sum()), extra_time=extra)
+            assert ans.tolist() == want.tolist()
+        more += int(kept.sum() > causal(DSpark(), verify_ctx(conf, drafted, cost, step=step))[0].sum())
+    assert more > 0  # the sunk passes lower the bar at least sometimes
+
+
 def test_verify_goes_deep_when_flat_and_verifies_nothing_when_compute_bound() -> None:
     conf = np.array([[0.9, 0.8, 0.7], [0.5, 0.5, 0.0]])
     drafted = np.array([3, 2])
