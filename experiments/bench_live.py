@@ -1,19 +1,23 @@
 """Live benchmark on the bundled pair: tokens/s of depth policies by batch size, in one run.
 
-    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--threads 2]
+    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--rounds 3] [--threads 2]
 
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
 acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
-the same cost model (this machine's profile, refined online during each run). Also printed:
-calibration of predicted survival after warm-up (ECE, Brier) on the measured runs, and the cost
-model's prediction error against measured step times during the dspark runs. Ratios are measured
-side by side in this one run; absolute tokens/s move with the machine's load.
+the same cost model (this machine's profile, refined online during each run). Each batch size is
+measured in `--rounds` rounds; a round runs every policy once, in a fresh shuffled order, so slow
+spells of a shared machine fall on all policies alike; a policy's figure is its median over the
+rounds. Also printed: calibration of predicted survival after warm-up (ECE, Brier) pooled over the
+dspark runs, the cost model's prediction error against measured step times during the dspark
+runs, and the controller's own time per step. Ratios are measured side by side in this one run;
+absolute tokens/s move with the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import random
 import time
 
 import numpy as np
@@ -34,7 +38,7 @@ K = 8
 def warm_acceptance(pair, prompts: list[list[int]], cost) -> AcceptanceModel:
     """Acceptance statistics from a static k = K run on warm-up prompts (every position observed)."""
     ctl = Controller(make_policy(f"static:k={K}"), K, cost=copy.deepcopy(cost))
-    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=16, max_depth=K), ctl)
+    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=32, max_depth=K), ctl)
     eng.run([Request(f"w{i}", p, 48, ignore_eos=True) for i, p in enumerate(prompts)])
     ctl.acceptance.reset_metrics()
     return ctl.acceptance
@@ -64,11 +68,21 @@ def cost_error(eng: Engine, cost) -> tuple[float, float]:
     return float(np.median(tgt)), float(np.median(step))
 
 
+def pooled_calibration(models: list[AcceptanceModel]) -> tuple[float, float, int]:
+    """ECE and Brier of predicted survival over several runs' calibration tallies, and the count."""
+    m = sum(a.metrics[0] for a in models)  # (bins, 3): n, sum predicted, sum realised
+    n = m[:, 0].sum()
+    brier = sum(a.brier_sum[0] for a in models)
+    return float(np.abs(m[:, 1] - m[:, 2]).sum() / n), float(brier / n), int(n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: 4 x batch, >= 8)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every policy per batch size (median)")
+    ap.add_argument("--warmup", type=int, default=160, help="warm-up prompts (static k=8, batch 32)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; spaces not allowed")
     args = ap.parse_args()
@@ -76,28 +90,43 @@ def main() -> None:
     pair = load_pair(device="cpu")
     tok = pair.tokenizer
     allp = [tok.encode(p) for p in heldout_prompts()]
-    warm, prompts = allp[-32:], allp[:-32]
+    warm, prompts = allp[-args.warmup:], allp[:-args.warmup]
     cost = build_cost("auto", pair, "cpu")
+    t0 = time.perf_counter()
     acc = warm_acceptance(pair, warm, cost)
+    print(f"warm-up: {len(warm)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
     policies = args.policies.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    table: dict[tuple[str, int], float] = {}
+    runs: dict[tuple[str, int], list[float]] = {}
+    ctl_ms: dict[tuple[str, int], list[float]] = {}
     errs, cal = [], []
+    order = random.Random(0)
     for b in batches:
         n_req = args.requests or max(8, 4 * b)
-        for spec in policies:
-            tps, eng, ctl = run_one(pair, spec, prompts[:n_req], b, args.tokens, cost, acc)
-            table[spec, b] = tps
-            if spec == "dspark":
-                errs.append(cost_error(eng, ctl.cost))
-                cal.append((ctl.acceptance.ece(), ctl.acceptance.brier()))
-            print(f"  batch {b:3d} {spec:14s} {tps:8.1f} tok/s  accept-len {eng.stats.acceptance_length:.2f}"
-                  f"  fallbacks {sum(ctl.fallbacks.values())}", flush=True)
-    print("\ntokens/s (greedy, bundled pair, held-out prompts)\n")
+        models, err = [], []
+        for rnd in range(args.rounds):
+            for spec in order.sample(policies, len(policies)):
+                tps, eng, ctl = run_one(pair, spec, prompts[:n_req], b, args.tokens, cost, acc)
+                runs.setdefault((spec, b), []).append(tps)
+                ctl_ms.setdefault((spec, b), []).append(eng.stats.control_s / max(eng.stats.steps, 1) * 1e3)
+                if spec == "dspark":
+                    err.append(cost_error(eng, ctl.cost))
+                    models.append(ctl.acceptance)
+                print(f"  batch {b:3d} round {rnd + 1} {spec:14s} {tps:8.1f} tok/s  accept-len "
+                      f"{eng.stats.acceptance_length:.2f}  controller {ctl_ms[spec, b][-1]:.2f} ms/step"
+                      f"  fallbacks {sum(ctl.fallbacks.values())}", flush=True)
+        if models:
+            cal.append(pooled_calibration(models))
+            errs.append(tuple(np.median(np.array(err), axis=0)))
+    table = {k: float(np.median(v)) for k, v in runs.items()}
+    print(f"\ntokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)\n")
     print("| policy | " + " | ".join(f"batch {b}" for b in batches) + " |")
-    print("|---|" + "---|" * len(batches))
+    print("|---|" + "---:|" * len(batches))
     for spec in policies:
         print(f"| {spec} | " + " | ".join(f"{table[spec, b]:.1f}" for b in batches) + " |")
+    print("\ncontroller time per step, ms (plan + keep_drafting + verify + observe; median of rounds)")
+    for spec in policies:
+        print(f"  {spec:14s} " + "  ".join(f"b{b} {np.median(ctl_ms[spec, b]):.2f}" for b in batches))
     if "dspark" in policies:
         print("\nratios (dspark vs ...)")
         for b in batches:
@@ -107,8 +136,8 @@ def main() -> None:
             if "vllm-adaptive" in policies:
                 line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
             print("  " + ", ".join(line))
-        print("\ncalibration after warm-up (dspark runs): " + ", ".join(
-            f"batch {b}: ECE {e:.4f} Brier {br:.4f}" for b, (e, br) in zip(batches, cal)))
+        print("\ncalibration after warm-up (dspark runs, pooled over rounds): " + ", ".join(
+            f"batch {b}: ECE {e:.4f} Brier {br:.4f} ({n} verified positions)" for b, (e, br, n) in zip(batches, cal)))
         print("cost model vs measured (dspark runs, median abs error): " + ", ".join(
             f"batch {b}: target pass {t:.1%}, whole step {s:.1%}" for b, (t, s) in zip(batches, errs)))
 

@@ -74,8 +74,8 @@ class DSpark(DepthPolicy):
         self._drafted = b""  # min(ctx.drafted, columns merged): which merged positions were drafted
         self._conf: list[bytes] = []  # ctx.conf[:, i] for the columns merged
         self._depth = 0  # the most positions a step has had (sizes the step-time table; no effect on answers)
-        self._planned = (-1, 0)  # (step, slots budgeted) of the last plan: the same, for that step
         self._passes = (-1, 0)  # (step, draft passes) as far as this policy knows (see verify)
+        self._prices: tuple = (-1,)  # (step, draft pass, pass of k rows (B,), target time by N) for keep_drafting
         self._alloc: ColumnAllocator | None = None
 
     def _context_tokens(self, context_lens: np.ndarray) -> int:
@@ -92,7 +92,6 @@ class DSpark(DepthPolicy):
             margin=self.margin,
             price_draft=self.price_draft,
         )
-        self._planned = (ctx.step, int(budgets.sum()))  # sizes this step's verify tables only
         self._plan_ctx = ctx
         if self.dynamic and budgets.any():  # the plan's depth becomes a ceiling; drafting stops dynamically
             budgets = np.where(budgets > 0, ctx.max_depth, 0)
@@ -105,22 +104,24 @@ class DSpark(DepthPolicy):
         pc = self._plan_ctx
         if not self.dynamic or pc is None or pc.step != ctx.step or j >= pc.max_depth or B == 0:
             return np.ones(B, bool)
-        context = self._context_tokens(pc.context_lens)
-        c = np.clip(np.nan_to_num(ctx.conf), 0.0, 1.0)  # (B, j)
+        if self._prices[0] != ctx.step:  # priced once per step: the cost model is fixed within a step
+            context = self._context_tokens(pc.context_lens)
+            d1, d_all = float(pc.cost.draft_time(1, context)), float(pc.cost.draft_time(B, context))
+            times = np.asarray(pc.cost.target_time(np.arange(B * (pc.max_depth + 1) + 1), context), float)
+            self._prices = (ctx.step, d_all, d1 + (d_all - d1) * np.arange(B) / max(B - 1, 1), times)
+        _, d_all, pass_k, times = self._prices  # pass_k: (B,) a pass of k = 1..B rows, linear in k
+        c = unit(ctx.conf)  # (B, j)
         surv = np.cumprod(c, axis=1)  # (B, j)
         drafting = ctx.drafted == j
-        c_next = (1 - self.streak) * np.clip(pc.prior_conf[:, j], 0.0, 1.0) + self.streak * c[:, -1]  # (B,)
+        c_next = (1 - self.streak) * unit(pc.prior_conf[:, j]) + self.streak * c[:, -1]  # (B,)
         gain = np.where(drafting, surv[:, -1] * c_next, 0.0)  # (B,)
         order = np.argsort(-gain, kind="stable")
         g = np.cumsum(gain[order])  # (B,) expected tokens from the best k sequences drafting on
-        k = np.arange(1, B + 1)
         n_now = B + int(ctx.drafted.sum())
-        sunk = j * float(pc.cost.draft_time(B, context))
+        sunk = j * d_all
         tau_now = B + float(surv.sum())
-        theta_now = tau_now / (sunk + float(pc.cost.target_time(n_now, context)))
-        d1, d_all = float(pc.cost.draft_time(1, context)), float(pc.cost.draft_time(B, context))
-        t_next = sunk + d1 + (d_all - d1) * (k - 1) / max(B - 1, 1)  # (B,) a pass of k rows, linear in k
-        theta = (tau_now + g) / (t_next + np.asarray(pc.cost.target_time(n_now + k, context), float))
+        theta_now = tau_now / (sunk + times[n_now])
+        theta = (tau_now + g) / (sunk + pass_k + times[n_now + 1 : n_now + B + 1])  # (B,) k = 1..B drafting on
         best = int(np.argmax(theta))
         keep = np.zeros(B, bool)
         if theta[best] > theta_now * (1.0 + self.margin):
@@ -151,8 +152,8 @@ class DSpark(DepthPolicy):
         self._step, self._cost, self._conf = ctx.step, cost, []
         self._context_lens = ctx.context_lens.tobytes()
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
-        hint = self._planned[1] if self._planned[0] == ctx.step else n * self._depth  # sizing only
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
+        hint = n * max(self._depth, passes)  # sizing only: price every slot the step can have, once
         sunk = passes * float(cost.draft_time(n, context))  # (see the module docstring)
         self._alloc = ColumnAllocator(
             n, lambda k: sunk + cost.target_time(n + k, context), self.margin, slots_hint=hint
