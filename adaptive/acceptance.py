@@ -208,11 +208,13 @@ class AcceptanceModel:
         0.87 of the time after a fully accepted step of 8 and 0.68 after a rejection). It is then
         shifted by the sequence's own history (Beta-Bernoulli, as `calibrate`).
 
-        For planning each rate is optimistic by `optimism` standard errors,
+        For planning, position 1's rate is optimistic by `optimism` standard errors,
         r + z sqrt(r (1 - r) / (n + rate_strength)): a rate learned from few observations is
         tried rather than trusted. Without it a pessimistic start is a trap: a policy that drafts
-        nothing observes nothing, and the rate never gets the data that would correct it. With a
-        few thousand observations the bonus is below 0.01.
+        nothing observes nothing, and the rate never gets the data that would correct it. Deeper
+        positions need no bonus: once position 1 is drafted they are observed in turn, and until
+        then each inherits the rate of the one before. With a few thousand observations the bonus
+        is below 0.01.
         """
         rows = self._rows(seq_ids)  # (B,)
         state = np.zeros(len(rows), np.int64)  # (B,) unknown sequences: state 0
@@ -223,10 +225,11 @@ class AcceptanceModel:
 
     def plan_rates(self, K: int) -> np.ndarray:
         """(S, K) the per-state rates with their optimism bonus (see `prior_conf`), as of the last fit."""
-        pos = self._pos(K)
-        r, n = self.state_rates[:, pos], self.state_n[:, pos]  # (S, K)
-        bonus = self.config.optimism * np.sqrt(r * (1 - r) / (n + self.config.rate_strength))
-        return np.minimum(r + bonus, 1 - 1e-4)
+        r = self.state_rates[:, self._pos(K)].copy()  # (S, K)
+        r1, n1 = r[:, 0], self.state_n[:, 0]  # (S,) position 1: the door (see `prior_conf`)
+        r[:, 0] = np.minimum(r1 + self.config.optimism * np.sqrt(r1 * (1 - r1) / (n1 + self.config.rate_strength)),
+                             1 - 1e-4)
+        return r
 
     # ---- learning -------------------------------------------------------------------------
     def observe(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray,

@@ -101,14 +101,15 @@ def test_planning_rates_are_optimistic_until_the_data_is_in():
     gets observations; with plenty of data the bonus vanishes (DSpark at C = 64 was stuck at off
     in replay from a 0.5 start before this)."""
     m = AcceptanceModel()
-    assert np.all(m.plan_rates(4) > 0.7) and np.all(m.rates(4) == 0.5)
+    assert np.all(m.plan_rates(4)[:, 0] > 0.7) and np.all(m.rates(4) == 0.5)
+    assert np.all(m.plan_rates(4)[:, 1:] == 0.5)  # only position 1, the door, is optimistic
     assert np.all(AcceptanceModel(AcceptanceConfig(optimism=0.0)).plan_rates(4) == 0.5)
     rng = np.random.default_rng(0)
     feed(m, rng, 400)
     m.fit()
     bonus = m.plan_rates(4) - m.state_rates[:, :4]
     most = int(np.argmax(m.state_n[:, 0]))  # the state with the most observations
-    assert np.all(bonus > 0) and bonus[most].max() < 0.01, bonus
+    assert np.all(bonus[:, 0] > 0) and bonus[most].max() < 0.01, bonus
 
 
 def test_merge_equals_one_model_fed_both_streams():
