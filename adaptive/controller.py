@@ -51,6 +51,9 @@ class Controller:
     def _ints(self, hook: str, value: Any, B: int, lo: np.ndarray | int, hi: np.ndarray | int,
               fallback: np.ndarray) -> np.ndarray:
         """Validate a policy's (B,) integer answer; clamp into [lo, hi]; fallback on garbage."""
+        if type(value) is np.ndarray and value.dtype == np.int64 and value.shape == (B,) \
+                and not ((value < lo).any() or (value > hi).any()):
+            return value  # the common case, checked in three numpy calls
         try:
             arr = np.asarray(value, dtype=np.float64).reshape(-1)
         except (TypeError, ValueError) as e:
@@ -115,11 +118,13 @@ class Controller:
         B, J = conf.shape
         d = np.zeros(B, np.int64)
         alive = drafted > 0
+        conf = conf * (np.arange(J)[None, :] < drafted[:, None])  # (B, J) zero past each drafted length
         for j in range(1, J + 1):
             if not alive.any():
                 break
-            cj = conf[:, :j] * (np.arange(j) < drafted[:, None])
-            ctx = VerifyContext(step, seq_ids, context_lens, np.minimum(drafted, j), cj, top1[:, :j], self.cost)
+            # copies: a view would carry the later columns in its .base
+            ctx = VerifyContext(step, seq_ids, context_lens, np.minimum(drafted, j), conf[:, :j].copy(),
+                                top1[:, :j].copy(), self.cost)
             val, ok = self._call("verify", self.policy.verify, ctx)
             if not ok:
                 return np.zeros(B, np.int64)  # fall back to `off` for this step

@@ -143,6 +143,28 @@ def test_verify_is_asked_causally(pair, workload):
     assert eng.stats.pos_verified.sum() == 0
 
 
+def test_verify_arrays_do_not_carry_later_columns(pair, workload):
+    """Slicing would hand over views whose .base holds positions j + 1..J; the contexts hold copies."""
+    reqs, _ = workload
+    wider = []
+
+    class BasePeeker(DepthPolicy):
+        name = "base-peek"
+
+        def plan(self, ctx):
+            return np.full(ctx.batch_size, 4)
+
+        def verify(self, ctx):
+            j = ctx.conf.shape[1]
+            for a in (ctx.conf, ctx.top1, ctx.drafted):
+                base = a.base if isinstance(a.base, np.ndarray) else None
+                wider.append(base is not None and base.ndim == 2 and base.shape[1] > j)
+            return ctx.drafted
+
+    run(pair, reqs[:4], BasePeeker())
+    assert wider and not any(wider)
+
+
 POLICY_SRC = textwrap.dedent('''
     import os
     import numpy as np
