@@ -184,6 +184,23 @@ def top_k_lengths(survival: np.ndarray, k: int) -> np.ndarray:
     return lengths_at(q_t, k, -np.partition(-pos, k - 1)[k - 1])  # vstar: the k-th largest
 
 
+def _tau_upper(q_t: np.ndarray, head: int = _HORIZON) -> np.ndarray:
+    """(M+1,) tau with the k best slots of any depth (fixed point), k = 0..M: exact up to k = head + 1,
+    an upper bound beyond (no later slot is worth more than the head's last). Enough for the depth
+    search's stopping bound, and an O(M) partition instead of a sort of all M slots."""
+    pos = q_t[q_t > 0]
+    start = q_t.shape[1] * ONE
+    if pos.size <= 2 * head:
+        return np.concatenate(([start], start + np.cumsum(np.sort(pos)[::-1])))
+    top = np.partition(pos, pos.size - head - 1)[-head - 1:]  # the head + 1 largest
+    top.sort()
+    tau = np.empty(pos.size + 1, np.int64)
+    tau[0] = start
+    tau[1 : head + 2] = start + np.cumsum(top[::-1])
+    tau[head + 2 :] = tau[head + 1] + int(top[0]) * np.arange(1, pos.size - head, dtype=np.int64)
+    return tau
+
+
 def plan_budgets(
     prior_survival: np.ndarray,
     cost: StepCost,
@@ -191,6 +208,8 @@ def plan_budgets(
     batch: int | None = None,
     margin: float = 0.0,
     price_draft: bool = True,
+    target_by_n: np.ndarray | None = None,
+    pass_time: float | None = None,
 ) -> np.ndarray:
     """Pre-draft budgets L_r: the allocation above, with the draft's depth priced in.
 
@@ -201,8 +220,8 @@ def plan_budgets(
 
     Shortcuts that do not change the answer: a depth whose slots all fit where the step time is flat
     admits them all (no sort needed); and the search ends once no deeper depth can win: tau with k
-    slots is at most tau_all[k], with the k best slots of any depth, so for every D' >= D,
-    Theta_D' <= max_k tau_all[k] / (D c + T_k).
+    slots is at most tau_all[k], with the k best slots of any depth (or any upper bound of it,
+    `_tau_upper`), so for every D' >= D, Theta_D' <= max_k tau_all[k] / (D c + T_k).
 
     Args:
         prior_survival: (B, K) predicted survivals from history (non-increasing in j).
@@ -211,6 +230,9 @@ def plan_budgets(
         batch: sequences in one draft pass (default B).
         margin: minimum relative Theta gain to admit a slot.
         price_draft: False ignores the draft's time (an ablation).
+        target_by_n: optional (>= B (K + 1) + 1,) `cost.target_time(N)` for N = 0, 1, ... already
+            computed by the caller (the same numbers; saves pricing them again).
+        pass_time: optional `cost.draft_time(batch)`, likewise.
 
     Returns:
         (B,) int64 draft budgets, each <= K.
@@ -222,9 +244,15 @@ def plan_budgets(
     n_pos = (q_t > 0).sum(axis=1)  # (K,) positive slots per position (non-increasing)
     slots = np.cumsum(n_pos)  # (K,) m_D: slots with j <= D
     tau_depth = n * ONE + np.cumsum(q_t.sum(axis=1))  # (K,) tau with every slot of j <= D, fixed point
-    target = np.asarray(cost.target_time(n + np.arange(int(slots[-1]) + 1), context_tokens), np.float64)
+    if target_by_n is not None and target_by_n.size > n + int(slots[-1]):
+        target = target_by_n[n : n + int(slots[-1]) + 1]
+    else:
+        target = np.asarray(cost.target_time(n + np.arange(int(slots[-1]) + 1), context_tokens), np.float64)
     free = free_slots(target)
-    pass_time = cost.draft_time(n if batch is None else batch, context_tokens) if price_draft else 0.0
+    if not price_draft:
+        pass_time = 0.0
+    elif pass_time is None:
+        pass_time = cost.draft_time(n if batch is None else batch, context_tokens)
     best_theta, best_depth, best_k = n / float(target[0]), 0, 0
     pool, best_pool, tau_all = None, None, None  # sorted slots of depths 1..D, and of all depths
     saturated = False  # the last depth refused slots, or did not win: worth checking the bound
@@ -234,7 +262,7 @@ def plan_budgets(
             break  # survival is non-increasing in j: nothing deeper either
         if saturated or best_depth < d - 1:  # can any deeper depth still win?
             if tau_all is None:
-                tau_all = _pool(q_t)[::-1].cumsum()  # (M+1,)
+                tau_all = _tau_upper(q_t)  # (M+1,) at least tau with the k best slots of any depth
             if (tau_all / (target + d * pass_time)).max() <= best_theta * ONE:
                 break
         if m <= free and not margin:  # all slots admitted: no order needed

@@ -43,6 +43,26 @@ from policies.allocation import ColumnAllocator, plan_budgets, unit
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, VerifyContext
 
 
+class _Prices:
+    """One step's step-time table, priced once and shared by plan, keep_drafting and verify (the
+    cost model is fixed within a step; the controller refines it in `observe`). The numbers are the
+    cost model's own, element for element, so sharing them changes no answer."""
+
+    def __init__(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> None:
+        self.key = (step, id(cost), context, n)
+        self.cost, self.context = cost, context
+        self.target = np.asarray(cost.target_time(np.arange(n * (max_depth + 1) + 1), context), np.float64)  # (N,) by N
+        self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
+        # (n,) a draft pass of k = 1..n rows, linear in k between the two measured ends
+        self.pass_k = self.draft_one + (self.draft_all - self.draft_one) * np.arange(n) / max(n - 1, 1)
+
+    def target_at(self, n_tokens: np.ndarray) -> np.ndarray:
+        """cost.target_time(n_tokens), from the table where it reaches."""
+        if n_tokens.size and int(n_tokens.max()) < self.target.size:
+            return self.target[n_tokens]
+        return np.asarray(self.cost.target_time(n_tokens, self.context), np.float64)
+
+
 class DSpark(DepthPolicy):
     """Ours: calibrated survivals, global sort with early stop, draft depth priced, context-aware cost.
 
@@ -75,7 +95,7 @@ class DSpark(DepthPolicy):
         self._conf: list[bytes] = []  # ctx.conf[:, i] for the columns merged
         self._depth = 0  # the most positions a step has had (sizes the step-time table; no effect on answers)
         self._passes = (-1, 0)  # (step, draft passes) as far as this policy knows (see verify)
-        self._prices: tuple = (-1,)  # (step, draft pass, pass of k rows (B,), target time by N) for keep_drafting
+        self._prices: _Prices | None = None  # this step's step-time table
         self._alloc: ColumnAllocator | None = None
 
     def _context_tokens(self, context_lens: np.ndarray) -> int:
@@ -85,12 +105,16 @@ class DSpark(DepthPolicy):
         surv_t = unit(ctx.prior_conf.T, out=np.empty(ctx.prior_conf.shape[::-1]))  # (K, B)
         for j in range(1, surv_t.shape[0]):  # = ctx.prior_survival, position-major; faster than cumprod
             surv_t[j] *= surv_t[j - 1]
+        prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), ctx.batch_size,
+                                  ctx.max_depth)
         budgets = plan_budgets(
             surv_t.T,
             ctx.cost,
-            self._context_tokens(ctx.context_lens),
+            prices.context,
             margin=self.margin,
             price_draft=self.price_draft,
+            target_by_n=prices.target,
+            pass_time=prices.draft_all,
         )
         self._plan_ctx = ctx
         if self.dynamic and budgets.any():  # the plan's depth becomes a ceiling; drafting stops dynamically
@@ -98,18 +122,20 @@ class DSpark(DepthPolicy):
         self._passes = (ctx.step, int(budgets.max(initial=0)))
         return budgets
 
+    def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
+        p = self._prices
+        if p is None or p.key != (step, id(cost), context, n) or p.cost is not cost:
+            p = self._prices = _Prices(step, cost, context, n, max_depth)
+        return p
+
     def keep_drafting(self, ctx: DraftContext) -> np.ndarray:
         """Draft position j + 1 for the sequences whose expected gain pays for another pass."""
         B, j = ctx.conf.shape
         pc = self._plan_ctx
         if not self.dynamic or pc is None or pc.step != ctx.step or j >= pc.max_depth or B == 0:
             return np.ones(B, bool)
-        if self._prices[0] != ctx.step:  # priced once per step: the cost model is fixed within a step
-            context = self._context_tokens(pc.context_lens)
-            d1, d_all = float(pc.cost.draft_time(1, context)), float(pc.cost.draft_time(B, context))
-            times = np.asarray(pc.cost.target_time(np.arange(B * (pc.max_depth + 1) + 1), context), float)
-            self._prices = (ctx.step, d_all, d1 + (d_all - d1) * np.arange(B) / max(B - 1, 1), times)
-        _, d_all, pass_k, times = self._prices  # pass_k: (B,) a pass of k = 1..B rows, linear in k
+        p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
+        d_all, pass_k, times = p.draft_all, p.pass_k, p.target
         c = unit(ctx.conf)  # (B, j)
         surv = np.cumprod(c, axis=1)  # (B, j)
         drafting = ctx.drafted == j
@@ -154,10 +180,9 @@ class DSpark(DepthPolicy):
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
         hint = n * max(self._depth, passes)  # sizing only: price every slot the step can have, once
-        sunk = passes * float(cost.draft_time(n, context))  # (see the module docstring)
-        self._alloc = ColumnAllocator(
-            n, lambda k: sunk + cost.target_time(n + k, context), self.margin, slots_hint=hint
-        )
+        p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
+        sunk = passes * p.draft_all  # (see the module docstring)
+        self._alloc = ColumnAllocator(n, lambda k: sunk + p.target_at(n + k), self.margin, slots_hint=hint)
         return self._alloc
 
     def verify(self, ctx: VerifyContext) -> np.ndarray:

@@ -316,3 +316,17 @@ def test_plan_matches_the_reference(cost) -> None:
         b, k = int(rng.integers(1, 7)), int(rng.integers(1, 7))
         prior = np.cumprod(rng.uniform(0.2, 1.0, (b, k)), axis=1)
         assert plan_budgets(prior, cost).tolist() == reference_plan(prior, cost).tolist()
+
+
+def test_tau_upper_is_exact_on_its_head_and_a_bound_beyond() -> None:
+    from policies.allocation import ONE, _tau_upper
+    rng = np.random.default_rng(5)
+    for b, k, head in ((3, 4, 128), (256, 8, 128), (64, 8, 16)):
+        q_t = (np.cumprod(rng.uniform(0.3, 1.0, (b, k)), axis=1).T * ONE).astype(np.int64)  # (K, B)
+        q_t[:, : b // 4] = 0  # some sequences drafted nothing
+        exact = np.concatenate(([b * ONE], b * ONE + np.cumsum(np.sort(q_t[q_t > 0])[::-1])))
+        got = _tau_upper(q_t, head)
+        assert got.shape == exact.shape
+        n_exact = min(exact.size, head + 2)
+        np.testing.assert_array_equal(got[:n_exact], exact[:n_exact])
+        assert np.all(got >= exact)
