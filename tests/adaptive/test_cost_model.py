@@ -171,3 +171,16 @@ def test_profile_quick_on_tiny_model(one_thread):
     assert c.target_time(1) > 0 and c.draft_time(4) > 0
     back = CostModel.from_json(c.to_json())
     assert back.target_time(37, 100) == c.target_time(37, 100)
+
+
+def test_fast_monotone_refresh_keeps_order_and_bounds():
+    from adaptive.cost_model import _monotone_fast
+    rng = np.random.default_rng(0)
+    base = np.cumsum(np.cumsum(rng.uniform(0.1, 1.0, (4, 10)), axis=1), axis=0)  # monotone both ways
+    np.testing.assert_array_equal(_monotone_fast(base), base)  # already monotone: unchanged
+    for _ in range(50):
+        dented = base * np.exp(rng.uniform(-0.03, 0.03, base.shape))
+        out = _monotone_fast(dented)
+        assert (np.diff(out, axis=0) >= 0).all() and (np.diff(out, axis=1) >= 0).all()
+        np.testing.assert_allclose(_monotone_fast(2.0 * dented), 2.0 * out)  # scale-equivariant
+        assert np.all(_monotone_fast(dented * 1.03) >= out) and np.all(_monotone_fast(dented * 1.03) <= 1.03 * out + 1e-12)
