@@ -64,6 +64,7 @@ class AcceptanceConfig:
     rate_strength: float = 4.0  # pseudo-observations pulling position j's global rate to j - 1's
     prior_rate: float = 0.5  # the global rate before any observation
     optimism: float = 1.0  # z: planning rates get + z * their standard error (see `prior_conf`)
+    idle_decay: float = 0.8  # a sequence's own counts age by this factor per step it verifies nothing
     ece_bins: int = 15  # equal-width bins of predicted survival
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class AcceptanceConfig:
             raise ValueError(f"counts must be >= 1: {self}")
         if min(self.ridge, self.window, self.seq_strength, self.rate_strength) <= 0 or self.optimism < 0:
             raise ValueError(f"strengths and window must be positive: {self}")
+        if not 0 < self.idle_decay <= 1:
+            raise ValueError(f"idle_decay must be in (0, 1]: {self}")
         if not 0 < self.prior_rate < 1:
             raise ValueError(f"prior_rate must be in (0, 1): {self}")
 
@@ -252,8 +255,9 @@ class AcceptanceModel:
                              f"verified {d.shape}, accepted {a.shape}, seq_ids {np.shape(seq_ids)}")
         if (a < 0).any() or (a > d).any() or (d > J).any():
             raise ValueError("observe: need 0 <= accepted <= verified <= J")
+        self._age_idle(seq_ids, d == 0)
         if not d.any():
-            return  # nothing was verified: no observation, no history, no calibration pair
+            return  # nothing was verified: no observation, no calibration pair
         i = np.arange(1, J + 1)[None, :]  # (1, J) 1-based positions
         tested = i <= d[:, None]  # (B, J) verified positions
         counted = tested & (i <= a[:, None] + 1)  # conditional observations
@@ -276,6 +280,20 @@ class AcceptanceModel:
         self.since_fit += len(pos)
         if self.since_fit >= self.config.refit_every:
             self.fit()
+
+    def _age_idle(self, seq_ids: np.ndarray, idle: np.ndarray) -> None:
+        """Sequences that verified nothing this step: their own evidence ages (counts x idle_decay)
+        and their last-step state resets. A sequence whose history made drafting look unprofitable
+        would otherwise never draft again, so never get the evidence that its text has become easy
+        (a trap at the sequence level; the global one is `prior_conf`'s optimism)."""
+        if not idle.any():
+            return
+        rows = self._rows(np.ravel(seq_ids)[idle])
+        rows = rows[rows >= 0]
+        if len(rows):
+            self._shift_cache.clear()
+            self.seq_stats[rows, :STATE] *= self.config.idle_decay
+            self.seq_stats[rows, STATE] = 0
 
     def _record(self, conf: np.ndarray, top1: np.ndarray, tested: np.ndarray, y: np.ndarray) -> None:
         nb = self.config.ece_bins

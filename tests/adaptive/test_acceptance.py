@@ -151,3 +151,25 @@ def test_calibrate_is_causal_per_column():
     changed = top1.copy()
     changed[:, 3:] = 0.5  # later columns differ: earlier confidences must not
     np.testing.assert_array_equal(m.calibrate(np.arange(8), changed, 1 - top1)[:, :3], base[:, :3])
+
+
+def test_an_idle_sequence_drifts_back_toward_the_prior():
+    """A sequence whose history stopped its drafting must not be stuck there: each step it verifies
+    nothing ages its evidence, so its prior returns toward the global one and it is tried again."""
+    rng = np.random.default_rng(2)
+    m = AcceptanceModel()
+    feed(m, rng, 60)
+    m.fit()
+    top1 = np.full((1, 4), 0.6)
+    for _ in range(6):
+        m.observe([77], top1, np.ones((1, 4)), np.array([4]), np.array([0]))  # always rejected
+    low = m.prior_conf(np.array([77]), 4)[0, 0]
+    fresh = m.prior_conf(np.array([12345]), 4)[0, 0]
+    assert low < fresh - 0.05
+    for _ in range(15):  # the policy stops drafting it: nothing verified
+        m.observe([77], np.zeros((1, 0)), np.zeros((1, 0)), np.array([0]), np.array([0]))
+    back = m.prior_conf(np.array([77]), 4)[0, 0]
+    assert back > low + 0.5 * (fresh - low)
+    assert AcceptanceModel(AcceptanceConfig(idle_decay=1.0)).config.idle_decay == 1.0
+    with pytest.raises(ValueError):
+        AcceptanceConfig(idle_decay=0.0)
