@@ -80,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
-    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: 4 x batch, >= 8)")
+    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: 4 x batch, >= 16)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every policy per batch size (median)")
     ap.add_argument("--warmup", type=int, default=160, help="warm-up prompts (static k=8, batch 32)")
     ap.add_argument("--threads", type=int, default=2)
@@ -102,7 +102,7 @@ def main() -> None:
     errs, cal = [], []
     order = random.Random(0)
     for b in batches:
-        n_req = args.requests or max(8, 4 * b)
+        n_req = args.requests or max(16, 4 * b)
         models, err = [], []
         for rnd in range(args.rounds):
             for spec in order.sample(policies, len(policies)):
