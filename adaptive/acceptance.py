@@ -8,7 +8,8 @@ Two layers, both pure numpy and deterministic:
        logit c = w0 * log t + w1 * (-log(1 - t)) + w2 * H + w3,
    the beta-calibration family (Kull et al. 2017) plus entropy. w = (1, 1, 0, 0) is the
    identity c = t, the prior for position 1; position j's prior is position j - 1's fit (a
-   Gaussian prior of precision `ridge`). It is refit every `refit_every` counted observations by
+   Gaussian prior of precision `ridge`). It is refit every `refit_every` counted observations
+   (later, once a quarter of the data behind the fit has arrived: a fit costs milliseconds) by
    warm-started Newton (IRLS) steps on *binned sufficient statistics*: per (position, logit-t bin,
    entropy bin) the count, the accepts and the feature sums. These add up across replicas, so
    `merge` pools them exactly, and they take fixed memory; an effective window caps each
@@ -236,7 +237,7 @@ class AcceptanceModel:
 
     # ---- learning -------------------------------------------------------------------------
     def observe(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray,
-                verified: np.ndarray, accepted: np.ndarray) -> None:
+                verified: np.ndarray, accepted: np.ndarray, conf: np.ndarray | None = None) -> None:
         """Learn from one step's outcome (see the module docstring's observation rule).
 
         Args:
@@ -244,6 +245,8 @@ class AcceptanceModel:
             top1, entropy: (B, J) features of the drafted positions, as given to `calibrate`.
             verified: (B,) d_r, 0 <= d_r <= J.
             accepted: (B,) a_r, 0 <= a_r <= d_r.
+            conf: optional (B, J) `calibrate(seq_ids, top1, entropy)` as it stands now (the caller
+                already has it; saves computing it again for the calibration tally).
         Raises:
             ValueError: on inconsistent shapes or counts.
         """
@@ -262,7 +265,8 @@ class AcceptanceModel:
         tested = i <= d[:, None]  # (B, J) verified positions
         counted = tested & (i <= a[:, None] + 1)  # conditional observations
         y = (i <= a[:, None]).astype(np.float64)  # (B, J) accepted / survived
-        self._record(self.calibrate(seq_ids, top1, entropy), top1, tested, y)
+        own = conf if conf is not None and np.shape(conf) == (B, J) else self.calibrate(seq_ids, top1, entropy)
+        self._record(own, top1, tested, y)
         g_conf = self._global_conf(top1, entropy)  # (B, J)
         rows = [self._row_for(int(s)) for s in np.ravel(seq_ids)]  # may grow seq_stats: index after
         state = self.seq_stats[rows, STATE].astype(np.int64)  # (B,) before this step
@@ -278,8 +282,8 @@ class AcceptanceModel:
                                 _features(top1[counted], entropy[counted])], axis=1)  # (n, 5)
         np.add.at(self.cells, (pos, cell), stats)
         self.since_fit += len(pos)
-        if self.since_fit >= self.config.refit_every:
-            self.fit()
+        if self.since_fit >= max(self.config.refit_every, self.global_n.max(initial=0) / 4):
+            self.fit()  # every refit_every observations at first, then every quarter of the data seen
 
     def _age_idle(self, seq_ids: np.ndarray, idle: np.ndarray) -> None:
         """Sequences that verified nothing this step: their own evidence ages (counts x idle_decay)

@@ -107,7 +107,7 @@ class Controller:
     def verify_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray):
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, J)
-            self._last_conf = conf
+            self._last_conf, self._last_conf_step = conf, step
             if not self._causal:
                 return drafted
             return self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
@@ -139,11 +139,14 @@ class Controller:
                 finished: np.ndarray, conf: np.ndarray | None = None) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
         this controller computed in the step's verify; a remote replica passes its own)."""
+        own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
+            if getattr(self, "_last_conf_step", None) == step and conf.shape == top1.shape:
+                own = conf
         if conf.shape != top1.shape:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
-        self.acceptance.observe(seq_ids, top1, entropy, verified, accepted)
+        self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
         if self.learn_cost:
             self.cost.observe(int((verified + 1).sum()), int(context_lens.sum()), target_s,
                               len(seq_ids), draft_passes, draft_s)

@@ -213,3 +213,25 @@ def test_custom_policy_from_module_cli(tmp_path):
     assert len(rec["token_ids"]) == 6
     assert log.read_text().split() and rec["verified"] > 0  # our policy planned, depths were verified
     assert "policy mine(k=2)" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from workers.bundled import heldout_prompts, load_pair
+    pair = load_pair(device="cpu")
+    prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:4]]
+    reqs = [Request(f"h{i}", p, 20, ignore_eos=True) for i, p in enumerate(prompts)]
+    return pair, reqs, [reference_greedy(pair.target, r.prompt_ids, r.max_new_tokens) for r in reqs]
+
+
+@pytest.mark.parametrize("spec", BUILTINS)
+def test_every_builtin_policy_is_lossless_on_the_bundled_pair(bundled, spec):
+    """The real pair, held-out prompts: every built-in's output equals the target's own greedy
+    decoding (a full causal recompute, no cache), and the speculating ones did speculate."""
+    pair, reqs, ref = bundled
+    ctl = Controller(make_policy(spec), max_depth=8)
+    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=8), ctl)
+    assert [o.output_ids for o in eng.run(reqs)] == ref
+    assert not ctl.fallbacks
+    if spec != "off":
+        assert eng.stats.pos_verified.sum() > 0, spec
