@@ -345,19 +345,23 @@ class ProfiledCost(CostModel):
     """Measured step times, interpolated (piecewise linear, extrapolated linearly on the right).
 
     Tables are (context grid x token grid) for the target and (context grid x batch grid) for one
-    draft pass. Online refinement keeps a log-correction per grid cell: an observed/predicted
-    ratio r moves the cells around the observation by clip(lr * log r, +-log(1 + max_step)),
-    shared by their interpolation weights, so no single step moves a prediction inside the grid
-    by more than `max_step`, while consistent evidence converges geometrically. `frozen` turns
-    refinement off (exact replays).
+    draft pass. Online refinement has two parts. A shared *speed* log-correction scales every
+    prediction, target and draft alike: a busy spell of a shared machine slows both models, and
+    moving them together keeps the table's shape (the draft/target ratio, the step-time knee),
+    which is what depth decisions rest on. A log-correction per grid cell learns the shape's
+    own errors. An observed/predicted ratio r moves the speed by clip(speed_share * lr * log r)
+    and the cells around the observation by clip((1 - speed_share) * lr * log r) (shared by
+    their interpolation weights), each clipped to its share of log(1 + max_step), so no single
+    step moves a prediction inside the grid by more than `max_step`, while consistent evidence
+    converges geometrically. `frozen` turns refinement off (exact replays).
     """
 
     kind: ClassVar[str] = "profiled"
 
     def __init__(self, token_grid: Any, ctx_grid: Any, target_s: Any, draft_batch_grid: Any,
                  draft_s: Any, *, lr: float = 0.1, max_step: float = 0.03, frozen: bool = False,
-                 target_logcorr: Any = None, draft_logcorr: Any = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 target_logcorr: Any = None, draft_logcorr: Any = None, speed_logcorr: float = 0.0,
+                 speed_share: float = 0.67, meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
         self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
         self.batch_grid = np.asarray(draft_batch_grid, np.float64)  # (Nb,) draft batch sizes
@@ -371,8 +375,10 @@ class ProfiledCost(CostModel):
             raise ValueError("table shapes do not match their grids")
         if not (np.all(self.base_target > 0) and np.all(self.base_draft > 0)):
             raise ValueError("step times must be positive")
-        if not (0 < max_step < 1 and 0 < lr <= 1):
-            raise ValueError(f"need 0 < max_step < 1 and 0 < lr <= 1, got {max_step}, {lr}")
+        if not (0 < max_step < 1 and 0 < lr <= 1 and 0 <= speed_share <= 1):
+            raise ValueError(f"need 0 < max_step < 1, 0 < lr <= 1, 0 <= speed_share <= 1, got {max_step}, "
+                             f"{lr}, {speed_share}")
+        self.speed_logcorr, self.speed_share = float(speed_logcorr), float(speed_share)
         self.base_target, self.base_draft = _monotone(self.base_target), _monotone(self.base_draft)
         self.lr, self.max_step, self.frozen = float(lr), float(max_step), bool(frozen)
         self.target_logcorr = np.zeros_like(self.base_target) if target_logcorr is None \
@@ -405,22 +411,25 @@ class ProfiledCost(CostModel):
     def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
         if self._dirty:
             self._refresh()
-        return _like(self._target_f(context_tokens, n_tokens), n_tokens)
+        return _like(self._target_f(context_tokens, n_tokens) * math.exp(self.speed_logcorr), n_tokens)
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         if self._dirty:
             self._refresh()
-        return float(self._draft_f(context_tokens, batch_size))
+        return float(self._draft_f(context_tokens, batch_size)) * math.exp(self.speed_logcorr)
 
     def _correct(self, logcorr: np.ndarray, cols: np.ndarray, x: float, ctx: float, observed: float,
-                 predicted: float) -> None:
+                 predicted: float) -> float | None:
+        """Move the cells around (x, ctx); return the log ratio for the speed (None: no evidence)."""
         if not (math.isfinite(observed) and observed > 0 and predicted > 0):
-            return
-        bound = math.log1p(self.max_step)
-        step = min(max(self.lr * math.log(observed / predicted), -bound), bound)
+            return None
+        bound = math.log1p(self.max_step) * (1.0 - self.speed_share)
+        r = math.log(observed / predicted)
+        step = min(max((1.0 - self.speed_share) * self.lr * r, -bound), bound)
         for ci, wc in _update_weights(ctx, self.ctx_grid):
             for xi, wx in _update_weights(x, cols):
                 logcorr[ci, xi] += wc * wx * step
+        return r
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
                 draft_passes: int, draft_s: float) -> None:
@@ -428,12 +437,17 @@ class ProfiledCost(CostModel):
         The draft's time is attributed per pass at `draft_batch` (its first, largest pass)."""
         if self.frozen:
             return
+        ratios = []
         if n_tokens > 0:
-            self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
-                          self.target_time(n_tokens, context_tokens))
+            ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
+                                        self.target_time(n_tokens, context_tokens)))
         if draft_passes > 0 and draft_batch > 0:
-            self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
-                          draft_s / draft_passes, self.draft_time(draft_batch, context_tokens))
+            ratios.append(self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
+                                        draft_s / draft_passes, self.draft_time(draft_batch, context_tokens)))
+        ratios = [r for r in ratios if r is not None]
+        if ratios:  # the shared speed: both models' evidence, averaged
+            bound = math.log1p(self.max_step) * self.speed_share
+            self.speed_logcorr += min(max(self.speed_share * self.lr * sum(ratios) / len(ratios), -bound), bound)
         self._dirty = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -441,7 +455,8 @@ class ProfiledCost(CostModel):
                 "target_s": self.base_target.tolist(), "draft_batch_grid": self.batch_grid.tolist(),
                 "draft_s": self.base_draft.tolist(), "lr": self.lr, "max_step": self.max_step,
                 "frozen": self.frozen, "target_logcorr": self.target_logcorr.tolist(),
-                "draft_logcorr": self.draft_logcorr.tolist(), "meta": self.meta}
+                "draft_logcorr": self.draft_logcorr.tolist(), "speed_logcorr": self.speed_logcorr,
+                "speed_share": self.speed_share, "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

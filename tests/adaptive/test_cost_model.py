@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -184,3 +185,18 @@ def test_fast_monotone_refresh_keeps_order_and_bounds():
         assert (np.diff(out, axis=0) >= 0).all() and (np.diff(out, axis=1) >= 0).all()
         np.testing.assert_allclose(_monotone_fast(2.0 * dented), 2.0 * out)  # scale-equivariant
         assert np.all(_monotone_fast(dented * 1.03) >= out) and np.all(_monotone_fast(dented * 1.03) <= 1.03 * out + 1e-12)
+
+
+def test_a_slower_machine_moves_every_prediction_together():
+    """Evidence at one (N, batch) that both models run 1.3x slower lifts predictions everywhere
+    through the shared speed, so the draft/target ratio and the knee's place stay as profiled."""
+    c = make_profiled()
+    n = np.array([1, 8, 64, 128])
+    before_t, before_d = c.target_time(n, 500), np.array([c.draft_time(b, 500) for b in (1, 8, 32)])
+    for _ in range(300):
+        c.observe(8, 500, 1.3 * before_t[1], 8, 1, 1.3 * before_d[1])
+    ratio_t = c.target_time(n, 500) / before_t
+    ratio_d = np.array([c.draft_time(b, 500) for b in (1, 8, 32)]) / before_d
+    assert c.target_time(8, 500) == pytest.approx(1.3 * before_t[1], rel=0.01)
+    assert np.all(ratio_t > 1.15) and np.all(ratio_d > 1.15)  # unobserved cells follow the speed
+    assert c.speed_logcorr > 0.6 * math.log(1.3)
