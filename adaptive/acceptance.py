@@ -129,7 +129,6 @@ class AcceptanceModel:
         self.cells = np.zeros((P, N_CELLS, 2 + N_FEAT))  # per cell: n, accepted, feature sums
         self.weights = np.tile(IDENTITY, (P, 1))  # (P, 4) current fit
         self.global_rates = np.full(P, cfg.prior_rate)  # (P,) conditional acceptance rates, as of the fit
-        self.global_n = np.zeros(P)  # (P,) observations behind each rate, as of the fit
         self.state_counts = np.zeros((N_STATES, P, 2))  # per state and position: n, accepted
         self.state_rates = np.full((N_STATES, P), cfg.prior_rate)  # (S, P) as of the fit
         self.state_n = np.zeros((N_STATES, P))  # (S, P) as of the fit
@@ -282,7 +281,7 @@ class AcceptanceModel:
                                 _features(top1[counted], entropy[counted])], axis=1)  # (n, 5)
         np.add.at(self.cells, (pos, cell), stats)
         self.since_fit += len(pos)
-        if self.since_fit >= max(self.config.refit_every, self.global_n.max(initial=0) / 4):
+        if self.since_fit >= max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4):
             self.fit()  # every refit_every observations at first, then every quarter of the data seen
 
     def _age_idle(self, seq_ids: np.ndarray, idle: np.ndarray) -> None:
@@ -350,7 +349,6 @@ class AcceptanceModel:
             self.weights[p] = prior = self._fit_position(self.cells[p], prior, self.weights[p])
             # Beta-smoothed rate, each position's prior being the previous position's rate
             self.global_rates[p] = rate = (acc[p] + cfg.rate_strength * rate) / (n[p] + cfg.rate_strength)
-        self.global_n[:] = n
         sn, sa = self.state_counts[..., 0], self.state_counts[..., 1]  # (S, P)
         self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
         self.state_n = sn.copy()
@@ -396,7 +394,7 @@ class AcceptanceModel:
         """Plain numpy/Python state: sufficient statistics, fit, sequence histories, metrics."""
         ids = np.array(sorted(self._seq_row), dtype=np.int64)
         return {"config": asdict(self.config), "cells": self.cells.copy(), "weights": self.weights.copy(),
-                "global_rates": self.global_rates.copy(), "global_n": self.global_n.copy(),
+                "global_rates": self.global_rates.copy(),
                 "state_counts": self.state_counts.copy(), "state_rates": self.state_rates.copy(),
                 "state_n": self.state_n.copy(), "since_fit": self.since_fit, "seq_ids": ids,
                 "seq_stats": self.seq_stats[[self._seq_row[int(s)] for s in ids]].reshape(-1, SEQ_COLS),
@@ -408,7 +406,6 @@ class AcceptanceModel:
         self.cells[:] = state["cells"]
         self.weights[:] = state["weights"]
         self.global_rates[:] = state["global_rates"]
-        self.global_n[:] = state.get("global_n", self.cells[:, :, 0].sum(1))
         if "state_counts" in state:
             self.state_counts[:] = state["state_counts"]
             self.state_rates[:] = state["state_rates"]

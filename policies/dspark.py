@@ -49,7 +49,7 @@ class _Prices:
     cost model's own, element for element, so sharing them changes no answer."""
 
     def __init__(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> None:
-        self.key = (step, id(cost), context, n)
+        self.key = (step, context, n)  # with the cost model's identity (see `DSpark._prices_for`)
         self.cost, self.context = cost, context
         self.target = np.asarray(cost.target_time(np.arange(n * (max_depth + 1) + 1), context), np.float64)  # (N,) by N
         self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
@@ -124,7 +124,7 @@ class DSpark(DepthPolicy):
 
     def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
         p = self._prices
-        if p is None or p.key != (step, id(cost), context, n) or p.cost is not cost:
+        if p is None or p.cost is not cost or p.key != (step, context, n):
             p = self._prices = _Prices(step, cost, context, n, max_depth)
         return p
 

@@ -120,8 +120,7 @@ class PairRunner:
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
-        self._keep_s = 0.0
-        tokens, qprobs, top1, ent, drafted, passes = self._draft(slots, budgets, keep_fn)
+        tokens, qprobs, top1, ent, drafted, passes, keep_s = self._draft(slots, budgets, keep_fn)
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
@@ -157,11 +156,12 @@ class PairRunner:
             emitted.append(new)
         t2 = time.perf_counter()
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
-                          t1 - t0 - self._keep_s, t2 - t1 - t_verify, passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, self._keep_s + t_verify)
+                          t1 - t0 - keep_s, t2 - t1 - t_verify, passes, int((verify + 1).sum()), ctx_tokens,
+                          failed, keep_s + t_verify)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
-        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts."""
+        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts, and
+        the seconds spent inside keep_fn."""
         B, K = len(slots), int(budgets.max(initial=0))
         tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=self.device)
         qprobs = None if self.sampling.greedy else torch.zeros((B, max(K, 1), self.vocab_size), device=self.device)
@@ -169,7 +169,7 @@ class PairRunner:
         ent = np.zeros((B, K))
         drafted = np.zeros(B, dtype=np.int64)
         active = budgets > 0
-        j = 0
+        j, keep_s = 0, 0.0
         while j < K and active.any():
             rows = np.flatnonzero(active)
             if j == 0:  # catch up: everything committed that the draft cache lacks
@@ -202,8 +202,8 @@ class PairRunner:
             if keep_fn is not None and active.any() and j < K:
                 t = time.perf_counter()
                 active &= np.asarray(keep_fn(j, top1[:, :j], ent[:, :j], drafted), dtype=bool)
-                self._keep_s += time.perf_counter() - t
-        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j
+                keep_s += time.perf_counter() - t
+        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j, keep_s
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]
