@@ -19,6 +19,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,6 +49,11 @@ class CostModel(ABC):
     @abstractmethod
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description; `CostModel.from_dict` inverts it."""
+
+    def target_by_n(self, size: int, context_tokens: int = 0) -> np.ndarray:
+        """(size,) float64 `target_time(N)` for N = 0..size-1: the same numbers, which a model may
+        compute faster (policies price a whole step's table each step)."""
+        return np.asarray(self.target_time(np.arange(size), context_tokens), np.float64)
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
                 draft_passes: int, draft_s: float) -> None:
@@ -217,22 +223,46 @@ class RooflineCost(CostModel):
     def kv_bytes(self, params_b: float, override: float) -> float:
         return override or shape_for(params_b).kv_bytes_per_token(self.bytes_per_param)
 
-    def _pass(self, params_b: float, kv_override: float, overhead_ms: float, tokens: np.ndarray,
-              context_tokens: float) -> np.ndarray:
-        params = params_b * 1e9
-        compute = 2.0 * params * tokens / (self.compute_eff * self.peak)
-        read = params * self.bytes_per_param + self.kv_bytes(params_b, kv_override) * context_tokens
-        memory = read / (self.memory_eff * self.bandwidth)
-        return np.maximum(compute, memory) + overhead_ms * 1e-3
+    @cached_property
+    def _terms(self) -> dict[str, tuple[float, float, float, float, float, float]]:
+        """Per pass ('target', 'draft'): the formula's constant factors, computed once (the dataclass
+        is frozen). The pass evaluates them in the docstring's order, so every time is the same float."""
+        out = {}
+        for kind, params_b, kv_override, overhead_ms in (
+                ("target", self.target_b, self.target_kv_bytes, self.target_overhead_ms),
+                ("draft", self.draft_b, self.draft_kv_bytes, self.draft_overhead_ms)):
+            params = params_b * 1e9
+            out[kind] = (2.0 * params, self.compute_eff * self.peak, params * self.bytes_per_param,
+                         self.kv_bytes(params_b, kv_override), self.memory_eff * self.bandwidth,
+                         overhead_ms * 1e-3)
+        return out
+
+    def _pass(self, kind: str, tokens: np.ndarray, context_tokens: float) -> np.ndarray:
+        flops, peak, weights, kv, bandwidth, overhead = self._terms[kind]
+        compute = flops * tokens / peak
+        memory = (weights + kv * context_tokens) / bandwidth
+        return np.maximum(compute, memory) + overhead
 
     def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
         n = np.asarray(n_tokens, dtype=np.float64)
-        return _like(self._pass(self.target_b, self.target_kv_bytes, self.target_overhead_ms, n,
-                                context_tokens), n_tokens)
+        return _like(self._pass("target", n, context_tokens), n_tokens)
+
+    @cached_property
+    def _compute_rows(self) -> dict[int, np.ndarray]:
+        return {}  # size -> the compute term for N = 0..size-1 (it does not depend on the context)
+
+    def target_by_n(self, size: int, context_tokens: int = 0) -> np.ndarray:
+        flops, peak, weights, kv, bandwidth, overhead = self._terms["target"]
+        compute = self._compute_rows.get(size)
+        if compute is None:
+            if len(self._compute_rows) >= 64:
+                self._compute_rows.clear()
+            compute = self._compute_rows[size] = flops * np.arange(size, dtype=np.float64) / peak
+        return np.maximum(compute, (weights + kv * context_tokens) / bandwidth) + overhead
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
-        return float(self._pass(self.draft_b, self.draft_kv_bytes, self.draft_overhead_ms,
-                                np.float64(batch_size), context_tokens))
+        flops, peak, weights, kv, bandwidth, overhead = self._terms["draft"]
+        return max(flops * float(batch_size) / peak, (weights + kv * context_tokens) / bandwidth) + overhead
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}

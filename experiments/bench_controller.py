@@ -11,8 +11,11 @@ a 27B dense target and 1B draft (past its knee well before B = 256), the same wi
 FLOP/s (a high knee, as an MoE target has: speculation still pays at 256), and a fixed step time
 (every slot pays: the worst case, every position drafted and admitted).
 
-Numbers scale with the machine's per-call overhead of numpy, printed first: on a shared or busy
-machine everything is slower by about the same factor.
+The policy's loops are compiled (policies/kernels.py); a warm-up run compiles or loads them first.
+Each configuration runs in `--rounds` rounds, interleaved with the others: the table gives the
+median over every step of every round, and the median of the quietest round (a shared machine has
+slow spells that move a whole round by tens of percent). Numbers also scale with the machine's
+per-call overhead of numpy, printed first.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def causal_contexts(step: int, context_lens: np.ndarray, drafted: np.ndarray, co
     return out
 
 
-def bench(batch: int, depth: int, cost: StepCost, steps: int, seed: int = 0) -> dict[str, float]:
+def bench(batch: int, depth: int, cost: StepCost, steps: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per-step times (us) of plan, keep_drafting, verify and their total, and the positions drafted."""
     rng = np.random.default_rng(seed)
     policy = DSpark()
     plan_us, keep_us, verify_us, total_us, calls = [], [], [], [], []
@@ -86,14 +90,8 @@ def bench(batch: int, depth: int, cost: StepCost, steps: int, seed: int = 0) -> 
         verify_us.append(t_verify * 1e6)
         total_us.append((t_plan + t_keep + t_verify) * 1e6)
         calls.append(len(vctxs))
-    return {
-        "plan_us": float(np.median(plan_us)),
-        "keep_us": float(np.median(keep_us)),
-        "verify_us": float(np.median(verify_us)),
-        "total_us": float(np.median(total_us)),
-        "total_p90_us": float(np.percentile(total_us, 90)),
-        "drafted": float(np.median(calls)),
-    }
+    return {"plan": np.array(plan_us), "keep": np.array(keep_us), "verify": np.array(verify_us),
+            "total": np.array(total_us), "drafted": np.array(calls, np.float64)}
 
 
 def numpy_call_us() -> float:
@@ -113,17 +111,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 256])
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    bench(4, args.depth, COSTS["dense"], 5)  # compile (or load) the kernels
     print(f"numpy per-call overhead here: {numpy_call_us():.2f} us (a quiet modern core: ~0.3)")
-    print(f"{'cost':>9} {'B':>4} {'plan us':>8} {'keep us':>8} {'verify us':>10} {'total us':>9} {'p90 us':>7} "
-          f"{'depth':>5}")
-    for name, cost in COSTS.items():
-        for b in args.batch:
-            r = bench(b, args.depth, cost, args.steps)
-            print(
-                f"{name:>9} {b:>4} {r['plan_us']:>8.1f} {r['keep_us']:>8.1f} {r['verify_us']:>10.1f} "
-                f"{r['total_us']:>9.1f} {r['total_p90_us']:>7.1f} {r['drafted']:>5.0f}"
-            )
+    configs = [(name, b) for name in COSTS for b in args.batch]
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        for name, b in configs:
+            runs[name, b].append(bench(b, args.depth, COSTS[name], args.steps, seed=r))
+    print(f"{'cost':>9} {'B':>4} {'plan us':>8} {'keep us':>8} {'verify us':>10} {'total us':>9} {'quiet us':>9} "
+          f"{'p90 us':>7} {'depth':>5}")
+    for name, b in configs:
+        rs = runs[name, b]
+        pooled = {k: float(np.median(np.concatenate([x[k] for x in rs]))) for k in ("plan", "keep", "verify", "total")}
+        quiet = min(float(np.median(x["total"])) for x in rs)
+        p90 = float(np.percentile(np.concatenate([x["total"] for x in rs]), 90))
+        depth = float(np.median(np.concatenate([x["drafted"] for x in rs])))
+        print(f"{name:>9} {b:>4} {pooled['plan']:>8.1f} {pooled['keep']:>8.1f} {pooled['verify']:>10.1f} "
+              f"{pooled['total']:>9.1f} {quiet:>9.1f} {p90:>7.1f} {depth:>5.0f}")
+    print(f"(median over {args.rounds} rounds x {args.steps} steps; 'quiet': the median of the quietest round)")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 Each step (DESIGN.md "Allocation"):
 
 - plan: the controller's history-based predictions `ctx.prior_survival` (a global prior shrunk
-  toward each sequence's own acceptance history) go through `plan_budgets`: for every draft depth D
-  the D sequential draft passes are part of the step time, slots j <= D are admitted by the sorted
-  early-stop rule, and the best D's per-sequence counts are the budgets L_r. A batch that already
-  saturates the compute knee gets 0 everywhere: speculation switches itself off.
+  toward each sequence's own acceptance history) go through `plan_budgets` (as `plan_kernel`):
+  for every draft depth D the D sequential draft passes are part of the step time, slots j <= D
+  are admitted by the sorted early-stop rule, and the best D's per-sequence counts are the
+  budgets L_r. A batch that already saturates the compute knee gets 0 everywhere: speculation
+  switches itself off.
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
   (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
@@ -27,10 +28,14 @@ Both use the context-aware cost (context_tokens = the batch's KV tokens).
 The controller asks `verify` causally, once per position j with columns 1..j. Each answer is
 `allocate` over the columns shown (survivals = running products of the confidences clipped to
 [0, 1], zero past each drafted length). The work of earlier calls in the same step is reused (only
-the new column is merged in, see `ColumnAllocator`) after checking, byte for byte, that the columns
-the cached answer rests on are the ones shown now, so every answer equals a fresh instance's. The
-step times are priced once per step: the cost model (the same object) is assumed not to change
-within a step (the controller refines it in `observe`).
+the new column is merged in, see `VerifyColumns`) after checking, value for value, that the
+columns the cached answer rests on are the ones shown now, so every answer equals a fresh
+instance's. The step times are priced once per step: the cost model (the same object) is assumed
+not to change within a step (the controller refines it in `observe`).
+
+The loops run compiled (policies/kernels.py): `plan_kernel` is `plan_budgets` and `VerifyColumns`
+is `allocate` column by column, answer for answer (tests/policies/test_kernels.py); in numpy the
+same decisions took 230-570 us a step at B = 256, mostly per-call overhead.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.allocation import ColumnAllocator, plan_budgets, unit
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, VerifyContext
+from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 
 
 class _Prices:
@@ -51,7 +56,10 @@ class _Prices:
     def __init__(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> None:
         self.key = (step, context, n)  # with the cost model's identity (see `DSpark._prices_for`)
         self.cost, self.context = cost, context
-        self.target = np.asarray(cost.target_time(np.arange(n * (max_depth + 1) + 1), context), np.float64)  # (N,) by N
+        size = n * (max_depth + 1) + 1
+        table = getattr(cost, "target_by_n", None)  # CostModel's faster form (same numbers), if it has one
+        self.target = table(size, context) if table else np.asarray(cost.target_time(np.arange(size), context),
+                                                                    np.float64)  # (N,) by N
         self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
         # (n,) a draft pass of k = 1..n rows, linear in k between the two measured ends
         self.pass_k = self.draft_one + (self.draft_all - self.draft_one) * np.arange(n) / max(n - 1, 1)
@@ -87,44 +95,33 @@ class DSpark(DepthPolicy):
         self.dynamic = bool(dynamic)
         self.streak = float(streak)  # weight of the last confidence (vs the prior) in c-hat_{r,j+1}
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
-        # Per-step verify cache (see the module docstring): the inputs it was built from, as bytes.
+        self._plan_key: tuple[int, int, int] | None = None  # its prices' key
+        # Per-step verify state (see the module docstring); it checks each call continues the last.
         self._step = -1
         self._cost: StepCost | None = None
-        self._context_lens = b""  # ctx.context_lens
-        self._drafted = b""  # min(ctx.drafted, columns merged): which merged positions were drafted
-        self._conf: list[bytes] = []  # ctx.conf[:, i] for the columns merged
         self._depth = 0  # the most positions a step has had (sizes the step-time table; no effect on answers)
         self._passes = (-1, 0)  # (step, draft passes) as far as this policy knows (see verify)
         self._prices: _Prices | None = None  # this step's step-time table
-        self._alloc: ColumnAllocator | None = None
+        self._alloc: VerifyColumns | None = None
 
     def _context_tokens(self, context_lens: np.ndarray) -> int:
         return int(context_lens.sum()) if self.context_aware else 0
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
-        surv_t = unit(ctx.prior_conf.T, out=np.empty(ctx.prior_conf.shape[::-1]))  # (K, B)
-        for j in range(1, surv_t.shape[0]):  # = ctx.prior_survival, position-major; faster than cumprod
-            surv_t[j] *= surv_t[j - 1]
-        prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), ctx.batch_size,
-                                  ctx.max_depth)
-        budgets = plan_budgets(
-            surv_t.T,
-            ctx.cost,
-            prices.context,
-            margin=self.margin,
-            price_draft=self.price_draft,
-            target_by_n=prices.target,
-            pass_time=prices.draft_all,
-        )
-        self._plan_ctx = ctx
-        if self.dynamic and budgets.any():  # the plan's depth becomes a ceiling; drafting stops dynamically
-            budgets = np.where(budgets > 0, ctx.max_depth, 0)
-        self._passes = (ctx.step, int(budgets.max(initial=0)))
+        B, K = ctx.batch_size, ctx.max_depth
+        prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
+        # = plan_budgets(ctx.prior_survival, ...), compiled; with `dynamic` the plan's depth becomes a
+        # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting)
+        budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
+                                       prices.draft_all if self.price_draft else 0.0, self.margin,
+                                       K if self.dynamic else 0)
+        self._plan_ctx, self._plan_key = ctx, prices.key
+        self._passes = (ctx.step, int(deepest))
         return budgets
 
     def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
         p = self._prices
-        if p is None or p.cost is not cost or p.key != (step, context, n):
+        if p is None or p.cost is not cost or p.key != (step, context, n) or p.target.size <= n * (max_depth + 1):
             p = self._prices = _Prices(step, cost, context, n, max_depth)
         return p
 
@@ -134,68 +131,44 @@ class DSpark(DepthPolicy):
         pc = self._plan_ctx
         if not self.dynamic or pc is None or pc.step != ctx.step or j >= pc.max_depth or B == 0:
             return np.ones(B, bool)
-        p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
-        d_all, pass_k, times = p.draft_all, p.pass_k, p.target
-        c = unit(ctx.conf)  # (B, j)
-        surv = np.cumprod(c, axis=1)  # (B, j)
-        drafting = ctx.drafted == j
-        c_next = (1 - self.streak) * unit(pc.prior_conf[:, j]) + self.streak * c[:, -1]  # (B,)
-        gain = np.where(drafting, surv[:, -1] * c_next, 0.0)  # (B,)
-        order = np.argsort(-gain, kind="stable")
-        g = np.cumsum(gain[order])  # (B,) expected tokens from the best k sequences drafting on
-        n_now = B + int(ctx.drafted.sum())
-        sunk = j * d_all
-        tau_now = B + float(surv.sum())
-        theta_now = tau_now / (sunk + times[n_now])
-        theta = (tau_now + g) / (sunk + pass_k + times[n_now + 1 : n_now + B + 1])  # (B,) k = 1..B drafting on
-        best = int(np.argmax(theta))
-        keep = np.zeros(B, bool)
-        if theta[best] > theta_now * (1.0 + self.margin):
-            keep[order[: best + 1]] = True
-        keep &= drafting
+        p = self._prices
+        if p is None or p.key != self._plan_key or p.cost is not pc.cost:  # else: the plan's prices
+            p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
+        keep = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
+                           np.asarray(pc.prior_conf[:, j], np.float64), self.streak, p.target, p.pass_k,
+                           p.draft_all, self.margin)
         if not keep.any() and self._passes[0] == ctx.step:
             self._passes = (ctx.step, min(self._passes[1], j))  # drafting ends after pass j
         return keep
 
-    def _cache_matches(self, ctx: VerifyContext, j: int) -> bool:
-        """True if this step's earlier calls saw exactly the inputs the cached answer rests on:
-        the same confidences and drafted positions (`min(drafted, seen)`) in the columns it used."""
-        a = self._alloc
-        if a is None or ctx.step != self._step or ctx.cost is not self._cost:
-            return False
-        seen = a.frozen or a.j  # columns the cached answer depends on
-        if not (seen <= j and (a.frozen or j <= a.j + 1)):
-            return False
-        return (
-            ctx.context_lens.tobytes() == self._context_lens
-            and np.minimum(ctx.drafted, seen).tobytes() == self._drafted
-            and ctx.conf[:, :seen].T.tobytes() == b"".join(self._conf)
-        )
-
-    def _start(self, ctx: VerifyContext, j: int) -> ColumnAllocator:
+    def _start(self, ctx: VerifyContext, j: int) -> VerifyColumns:
         n = len(ctx.seq_ids)
         cost, context = ctx.cost, self._context_tokens(ctx.context_lens)
-        self._step, self._cost, self._conf = ctx.step, cost, []
-        self._context_lens = ctx.context_lens.tobytes()
+        self._step, self._cost = ctx.step, cost
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
-        hint = n * max(self._depth, passes)  # sizing only: price every slot the step can have, once
         p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
         sunk = passes * p.draft_all  # (see the module docstring)
-        self._alloc = ColumnAllocator(n, lambda k: sunk + p.target_at(n + k), self.margin, slots_hint=hint)
-        return self._alloc
+        times, more = sunk + p.target[n:], (lambda k: sunk + p.target_at(n + k))
+        a = self._alloc
+        if a is not None and a.n_seq == n and a.margin == self.margin:
+            a.reset(times, more)
+        else:
+            a = self._alloc = VerifyColumns(n, times, self.margin, more)
+        return a
 
     def verify(self, ctx: VerifyContext) -> np.ndarray:
         n, j = ctx.conf.shape
         if n == 0 or j == 0:
             return np.zeros(n, np.int64)
-        a = self._alloc if self._cache_matches(ctx, j) else self._start(ctx, j)
-        while a.j < j and not a.frozen:
-            i = a.j
-            col = ctx.conf[:, i]  # (B,)
-            self._conf.append(col.tobytes())
-            c = np.fmax(col, 0.0)  # in [0, 1], NaN read as 0, 0 where position i + 1 was not drafted
-            a.push(np.fmin(c, ctx.drafted > i, out=c))
-        self._drafted = np.minimum(ctx.drafted, a.frozen or a.j).tobytes()
+        conf, drafted = np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64)
+        lens = np.asarray(ctx.context_lens, np.int64)
+        a = self._alloc
+        ans = None
+        if a is not None and ctx.step == self._step and ctx.cost is self._cost:
+            ans = a.answer(conf, drafted, lens)  # None: not a continuation of this step's calls
+        if ans is None:
+            a = self._start(ctx, j)
+            ans = a.answer(conf, drafted, lens)
         self._depth = max(self._depth, a.j)
-        return a.lengths().copy()
+        return ans.copy()

@@ -200,3 +200,14 @@ def test_a_slower_machine_moves_every_prediction_together():
     assert c.target_time(8, 500) == pytest.approx(1.3 * before_t[1], rel=0.01)
     assert np.all(ratio_t > 1.15) and np.all(ratio_d > 1.15)  # unobserved cells follow the speed
     assert c.speed_logcorr > 0.6 * math.log(1.3)
+
+
+@pytest.mark.parametrize("model", [FixedCost(), RooflineCost(), RooflineCost(gpu="a100", target_b=70, draft_b=3),
+                                   load_cost("experiments/profiles/cpu-bundled.json")],
+                         ids=lambda m: m.kind)
+def test_target_by_n_is_target_time_bit_for_bit(model):
+    for size, ctx in ((1, 0), (577, 12_345), (2305, 10**7), (577, 99)):
+        want = np.asarray(model.target_time(np.arange(size), ctx), np.float64)
+        for _ in range(2):  # a second call reads what the first cached
+            got = model.target_by_n(size, ctx)
+            assert got.dtype == np.float64 and got.tobytes() == want.tobytes()

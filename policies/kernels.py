@@ -1,0 +1,431 @@
+"""Compiled loops for dspark's per-step hot path (numba).
+
+dspark decides every step: a plan, a keep-drafting test after each draft pass, and a verify answer
+for each drafted position. In numpy each is a few dozen small array calls at ~0.5-1 us apiece on a
+CPU core, so a step's decisions took 230-570 us at B = 256 (bench_controller), several times the
+arithmetic. These kernels do the same arithmetic as plain loops, one compiled call per decision.
+
+Exactness: `plan_kernel` and `VerifyColumns` give the numpy reference's answers bit for bit
+(policies/allocation.py `plan_budgets`, `allocate`, `ColumnAllocator`; tests/policies/test_kernels.py
+compares them on random cases). Survivals are the same float products, slots the same int64
+fixed point (s * 2^32, exact integer sums), and Theta the same IEEE divisions in the same order.
+`keep_kernel` *is* dspark's keep-drafting rule (no numpy twin to match).
+
+Everything here is pure arithmetic on arrays passed in: no state, clock or RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit
+
+ONE = 1 << 32  # fixed point, as policies.allocation.ONE
+_ONE_F = float(ONE)
+# VerifyColumns.state: columns pushed, frozen at (0: not), first refused slot, answer valid, slots in the
+# pool, columns merged into it, which of the two pools is current, started
+_J, _FROZEN, _REFUSED, _VALID, _M, _MERGED, _CUR, _STARTED = range(8)
+_SLOTS = 8
+
+
+@njit(cache=True)
+def _unit(x: float) -> float:
+    """x clipped to [0, 1], NaN read as 0 (np.fmin(np.fmax(x, 0), 1))."""
+    if x > 0.0:
+        return x if x < 1.0 else 1.0
+    return 0.0
+
+
+@njit(cache=True)
+def _merge_desc(pool: np.ndarray, m: int, col: np.ndarray, out: np.ndarray) -> int:
+    """Merge col's positive values into pool[:m] (descending) -> out; returns the new length."""
+    pos = np.sort(col[col > 0])  # ascending
+    i, k, o = 0, pos.size - 1, 0
+    while i < m and k >= 0:
+        if pool[i] >= pos[k]:
+            out[o] = pool[i]
+            i += 1
+        else:
+            out[o] = pos[k]
+            k -= 1
+        o += 1
+    while i < m:
+        out[o] = pool[i]
+        i += 1
+        o += 1
+    while k >= 0:
+        out[o] = pos[k]
+        k -= 1
+        o += 1
+    return o
+
+
+@njit(cache=True)
+def _first_stop(pool: np.ndarray, m: int, n: int, times: np.ndarray, extra: float, margin: float,
+                flat: int) -> tuple[int, float]:
+    """allocation.first_stop over the descending pool[:m]: (k admitted, Theta_k * ONE).
+
+    `flat`: times[0] == ... == times[flat] (see `_flat`). With no margin no stop comes before it:
+    there each slot raises tau (by >= 1, exactly) and not the time, so the scan starts there."""
+    tau = n * ONE
+    k = min(flat, m) if not margin else 0
+    for i in range(k):
+        tau += pool[i]
+    theta = tau / (times[k] + extra)
+    while k < m:
+        nxt = tau + pool[k]
+        th = nxt / (times[k + 1] + extra)
+        before = theta * (1.0 + margin) if margin else theta
+        if not th > before:
+            break
+        tau, theta, k = nxt, th, k + 1
+    return k, theta
+
+
+@njit(cache=True)
+def _flat(times: np.ndarray) -> int:
+    """F with times[0] == times[1] == ... == times[F] (allocation.free_slots)."""
+    f = 0
+    while f + 1 < times.size and times[f + 1] == times[0]:
+        f += 1
+    return f
+
+
+@njit(cache=True)
+def _lengths_at(q: np.ndarray, depth: int, k: int, vstar: int, out: np.ndarray) -> None:
+    """allocation.lengths_at: per-sequence counts of the k best slots of q[:depth], ties in (j, r) order."""
+    n = q.shape[1]
+    out[:] = 0
+    if k == 0:
+        return
+    total = 0
+    for j in range(depth):
+        for r in range(n):
+            if q[j, r] >= vstar:
+                out[r] += 1
+                total += 1
+    excess = total - k  # tied with the k-th best but ranked after it: drop the last ones
+    j = depth - 1
+    while excess > 0 and j >= 0:
+        r = n - 1
+        while excess > 0 and r >= 0:
+            if q[j, r] == vstar:
+                out[r] -= 1
+                excess -= 1
+            r -= 1
+        j -= 1
+
+
+@njit(cache=True)
+def _cannot_win(pool: np.ndarray, m: int, n: int, vmax: int, total: int, times: np.ndarray, fastest: float,
+                extra: float, bar: float) -> bool:
+    """True if no depth D >= d can beat `bar` (best Theta * ONE): a shortcut of plan_kernel's search
+    that changes no answer. pool[:m]: the slots of depths < d (descending); every deeper slot is at
+    most vmax (survival is non-increasing in j), so tau with k slots is at most the k best of pool
+    and unlimited copies of vmax, and never more than `total` (every slot); each such depth pays at
+    least `extra` = d draft passes; `fastest` = min(times). The tests multiply rather than divide,
+    with a 1e-9 relative safety margin, far above rounding: they only say True where the exact
+    quotient tau / time is at most `bar`, so a depth that could win is never skipped."""
+    safe = bar * (1.0 - 1e-9)
+    if total <= safe * (fastest + extra):
+        return True
+    tau, i = n * ONE, 0
+    for k in range(1, times.size):
+        if i < m and pool[i] >= vmax:
+            tau += pool[i]
+            i += 1
+        else:
+            tau += vmax
+        if tau > total:
+            tau = total
+        if tau > safe * (times[k] + extra):
+            return False
+    return True
+
+
+@njit(cache=True)
+def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, margin: float,
+                ceiling: int = 0) -> tuple[np.ndarray, int]:
+    """allocation.plan_budgets(cumprod(unit(prior_conf))) with `times` = target time by slot count.
+
+    Args:
+        prior_conf: (B, K) predicted per-position acceptance.
+        times: (>= B K + 1,) target time with B + k tokens, k = 0, 1, ...
+        pass_time: seconds of one draft pass over the batch (0: not priced).
+        margin: minimum relative Theta gain to admit a slot.
+        ceiling: > 0: every positive budget becomes this (dspark's dynamic depth).
+
+    Returns:
+        (B,) int64 budgets, and the largest.
+    """
+    n, depth = prior_conf.shape
+    budgets = np.zeros(n, np.int64)
+    if n == 0 or depth == 0:
+        return budgets, 0
+    q = np.empty((depth, n), np.int64)  # (K, B) position-major fixed-point survivals
+    for r in range(n):
+        s = _unit(prior_conf[r, 0])
+        q[0, r] = np.int64(s * _ONE_F)
+        for j in range(1, depth):
+            s = _unit(prior_conf[r, j]) * s
+            q[j, r] = np.int64(s * _ONE_F)
+    times = times[: n * depth + 1]
+    flat = _flat(times) if not margin else 0
+    fastest = -1.0  # min(times), once needed
+    total = n * ONE + q.sum()  # tau with every slot
+    pool = np.empty(n * depth, np.int64)  # descending slots of the columns merged so far
+    spare = np.empty(n * depth, np.int64)
+    m, merged = 0, 0
+    slots, tau = 0, n * ONE  # positive slots and tau with every slot of depths <= d
+    best_theta, best_d, best_k, best_v = n / times[0], 0, 0, 0
+    refused = False  # the last depth refused slots
+    for d in range(1, depth + 1):
+        col = q[d - 1]
+        if not (col > 0).any():
+            break  # survival is non-increasing in j: nothing deeper either
+        extra = d * pass_time
+        if d > 1 and (refused or best_d < d - 1):  # can any depth from here on still win?
+            while merged < d - 1:
+                m = _merge_desc(pool, m, q[merged], spare)
+                pool, spare, merged = spare, pool, merged + 1
+            if fastest < 0:
+                fastest = times.min()
+            if _cannot_win(pool, m, n, col.max(), total, times, fastest, extra, best_theta * _ONE_F):
+                break
+        slots += (col > 0).sum()
+        tau += col.sum()
+        if slots <= flat:  # every slot admitted (see _first_stop); no order needed
+            k, theta = slots, tau / (times[slots] + extra)
+        else:
+            while merged < d:
+                m = _merge_desc(pool, m, q[merged], spare)
+                pool, spare, merged = spare, pool, merged + 1
+            k, theta = _first_stop(pool, m, n, times, extra, margin, flat)
+        refused = k < slots
+        if theta / _ONE_F > best_theta:
+            best_theta, best_d, best_k = theta / _ONE_F, d, k
+            best_v = pool[k - 1] if refused else 1  # 1: the smallest positive slot there can be
+    _lengths_at(q, best_d, best_k, best_v, budgets)
+    if ceiling > 0 and best_k > 0:
+        for r in range(n):
+            if budgets[r] > 0:
+                budgets[r] = ceiling
+        return budgets, ceiling
+    return budgets, budgets.max()
+
+
+@njit(cache=True)
+def keep_kernel(conf: np.ndarray, drafted: np.ndarray, prior_next: np.ndarray, streak: float,
+                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float) -> np.ndarray:
+    """dspark's keep-drafting rule after draft pass j (see policies/dspark.py).
+
+    Args:
+        conf: (B, j) calibrated confidences of positions 1..j (0 where not drafted).
+        drafted: (B,) positions each sequence has drafted.
+        prior_next: (B,) the prior's rate for position j + 1.
+        streak: weight of the last confidence (vs the prior) in c-hat_{r,j+1}.
+        times: target time by total step tokens N (covering up to B (j + 2)).
+        pass_k: (B,) seconds of a draft pass over k = 1..B rows.
+        pass_all: seconds of a draft pass over the batch (each pass so far).
+        margin: minimum relative Theta gain.
+
+    Returns:
+        (B,) bool: who drafts position j + 1.
+    """
+    n, j = conf.shape
+    keep = np.zeros(n, np.bool_)
+    gain = np.zeros(n)
+    tau_now = float(n)
+    n_now = n
+    any_drafting = False
+    for r in range(n):
+        s = 1.0
+        for i in range(j):
+            s = s * _unit(conf[r, i])
+            tau_now += s
+        n_now += drafted[r]
+        if drafted[r] == j:
+            c_next = (1.0 - streak) * _unit(prior_next[r]) + streak * _unit(conf[r, j - 1])
+            gain[r] = s * c_next
+            any_drafting = any_drafting or gain[r] > 0.0
+    if not any_drafting:
+        return keep
+    # best first, ties by row: one int64 sort of (gain, row) keys, gain in steps of 2^-(62 - bits)
+    # (finer than any difference that matters; a stable argsort of -gain costs twice as much)
+    bits = 1
+    while (1 << bits) < n:
+        bits += 1
+    scale = float(1 << (62 - bits))
+    keys = np.empty(n, np.int64)
+    for r in range(n):
+        keys[r] = ((np.int64(scale) - np.int64(gain[r] * scale)) << bits) | r
+    keys.sort()
+    mask = (1 << bits) - 1
+    sunk = j * pass_all
+    theta_now = tau_now / (sunk + times[n_now])
+    g, best, best_theta = 0.0, -1, -np.inf
+    for k in range(n):
+        g += gain[keys[k] & mask]
+        th = (tau_now + g) / (sunk + pass_k[k] + times[n_now + 1 + k])
+        if th > best_theta:
+            best, best_theta = k, th
+    if best_theta > theta_now * (1.0 + margin):
+        for k in range(best + 1):
+            r = keys[k] & mask
+            keep[r] = drafted[r] == j
+    return keep
+
+
+@njit(cache=True)
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN matches NaN
+
+
+@njit(cache=True)
+def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray, state: np.ndarray,
+                 surv: np.ndarray, q: np.ndarray, raw: np.ndarray, shown: np.ndarray, contexts: np.ndarray,
+                 positive: np.ndarray, pools: np.ndarray, lengths: np.ndarray, times: np.ndarray,
+                 margin: float) -> int:
+    """One causal verify call with columns 1..j = conf.shape[1] (see VerifyColumns.answer).
+
+    Returns 0 (lengths written), 1 (the columns shown are not those the state rests on: start
+    afresh) or 2 (more slots than `times` prices: price more and call again; nothing changed)."""
+    n, j = conf.shape
+    seen = state[_FROZEN] or state[_J]  # columns the current answer rests on
+    if state[_STARTED]:  # the same step, unless what was shown before differs now
+        if seen > j or (not state[_FROZEN] and j > state[_J] + 1):
+            return 1
+        for r in range(n):
+            if context_lens[r] != contexts[r] or min(drafted[r], seen) != shown[r]:
+                return 1
+            for i in range(seen):
+                if not _same(conf[r, i], raw[i, r]):
+                    return 1
+    else:
+        contexts[:] = context_lens
+        state[_STARTED] = 1
+    if not state[_FROZEN] and state[_J] < j and (positive.sum() + n * (j - state[_J])) >= times.size:
+        return 2
+    # push positions state[_J] + 1 .. j (ColumnAllocator.push)
+    while state[_J] < j and not state[_FROZEN]:
+        i = state[_J]
+        top = 0
+        for r in range(n):
+            raw[i, r] = conf[r, i]
+            c = _unit(conf[r, i]) if drafted[r] > i else 0.0
+            surv[r] = surv[r] * c
+            v = np.int64(surv[r] * _ONE_F)
+            q[i, r] = v
+            top = max(top, v)
+        state[_J] = i + 1
+        if state[_REFUSED] and state[_VALID] and top < state[_REFUSED]:
+            state[_FROZEN] = i + 1  # final: every later slot sorts after one already refused
+            break
+        for r in range(n):
+            positive[r] += q[i, r] > 0
+        state[_VALID] = 0
+    seen = state[_FROZEN] or state[_J]
+    for r in range(n):
+        shown[r] = min(drafted[r], seen)
+    if state[_VALID]:
+        return 0
+    # the answer over the columns pushed (ColumnAllocator.lengths)
+    state[_VALID] = 1
+    slots = positive.sum()
+    flat = 0  # times[0] == ... == times[flat], counted as far as `slots` (see _first_stop)
+    if not margin:
+        while flat < slots and times[flat + 1] == times[0]:
+            flat += 1
+        if flat == slots:  # all admitted
+            lengths[:] = positive
+            return 0
+    m = state[_M]
+    while state[_MERGED] < state[_J]:
+        cur = state[_CUR]
+        m = _merge_desc(pools[cur], m, q[state[_MERGED]], pools[1 - cur])
+        state[_CUR] = 1 - cur
+        state[_MERGED] += 1
+    state[_M] = m
+    pool = pools[state[_CUR]]
+    k, _ = _first_stop(pool, m, n, times, 0.0, margin, flat)
+    state[_REFUSED] = pool[k] if k < m else 0
+    _lengths_at(q, state[_J], k, pool[k - 1] if k else 0, lengths)
+    return 0
+
+
+class VerifyColumns:
+    """One step's causal verify answers: policies.allocation.ColumnAllocator, compiled, with the
+    check that each call continues the step's earlier ones. Same answers as `allocate` over the
+    columns shown (tests/policies/test_kernels.py).
+
+    Args:
+        n_seq: B.
+        times: (S+1,) seconds of the step with k = 0..S slots admitted.
+        margin: as in `allocate`.
+        step_time: seconds with k slots for an int array k, to price past S (None: S is enough).
+    """
+
+    def __init__(self, n_seq: int, times: np.ndarray, margin: float = 0.0,
+                 step_time: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        self.n_seq, self.margin = n_seq, float(margin)
+        self.times = np.asarray(times, np.float64)  # (S+1,) step time with k = 0..S slots
+        self.step_time = step_time  # prices more slots when a step has more than S
+        self.state = np.zeros(_SLOTS, np.int64)
+        self._surv = np.ones(n_seq)  # (B,) survival of the last column pushed
+        self._q = np.zeros((8, n_seq), np.int64)  # (J, B) fixed-point survivals; grows
+        self._raw = np.zeros((8, n_seq))  # (J, B) the confidences shown, as shown
+        self._shown = np.zeros(n_seq, np.int64)  # (B,) min(drafted, columns the answer rests on)
+        self._contexts = np.zeros(n_seq, np.int64)  # (B,) context lengths shown
+        self._positive = np.zeros(n_seq, np.int64)  # (B,) positive slots pushed, per sequence
+        self._pools = np.empty((2, 8 * n_seq), np.int64)  # the sorted slots (descending) and a spare
+        self._lengths = np.zeros(n_seq, np.int64)
+
+    def reset(self, times: np.ndarray, step_time: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """Start a new step with the same B, keeping the buffers (what a step reads, it writes first)."""
+        self.times, self.step_time = np.asarray(times, np.float64), step_time
+        self.state[:] = 0
+        self._surv.fill(1.0)
+        self._positive.fill(0)
+
+    @property
+    def j(self) -> int:
+        return int(self.state[_J])
+
+    @property
+    def frozen(self) -> int:
+        return int(self.state[_FROZEN])
+
+    def _grow(self, depth: int) -> None:
+        old = self._q.shape[0]
+        new = max(depth, 2 * old)
+        self._q = np.concatenate((self._q, np.zeros((new - old, self.n_seq), np.int64)))
+        self._raw = np.concatenate((self._raw, np.zeros((new - old, self.n_seq))))
+        pools = np.empty((2, new * self.n_seq), np.int64)
+        pools[:, : self._pools.shape[1]] = self._pools
+        self._pools = pools
+
+    def answer(self, conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray) -> np.ndarray | None:
+        """Verify lengths over columns 1..j of `conf` (B, j): raw confidences, clipped to [0, 1]
+        here, 0 where `drafted` <= the position's index. None if the columns shown differ from
+        those the earlier calls rest on (the caller starts a fresh instance).
+
+        Returns:
+            (B,) int64 verify lengths (shared with later calls: copy before modifying).
+        """
+        if conf.shape[1] > self._q.shape[0]:
+            self._grow(conf.shape[1])
+        while True:
+            if not self.state[_VALID]:
+                self._lengths = np.empty(self.n_seq, np.int64)  # an answer handed out stays as it was
+            status = _verify_call(conf, drafted, context_lens, self.state, self._surv, self._q, self._raw,
+                                  self._shown, self._contexts, self._positive, self._pools, self._lengths,
+                                  self.times, self.margin)
+            if status == 0:
+                return self._lengths
+            if status == 1:
+                return None
+            if self.step_time is None:
+                raise ValueError(f"VerifyColumns: more slots than the {self.times.size - 1} priced")
+            size = max(int(self._positive.sum()) + self.n_seq * conf.shape[1] + 1, 2 * self.times.size)
+            self.times = np.asarray(self.step_time(np.arange(size)), np.float64)
