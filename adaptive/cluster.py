@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -380,7 +381,7 @@ class ClusterController:
             st.draft_s += reply.draft_s
             st.target_s += reply.target_s
             st.step_log.append((int((reply.verified + 1).sum()), int(reply.context_lens.sum()),
-                                reply.draft_s, reply.target_s, reply.draft_passes, len(reply.seq_ids)))
+                                reply.draft_s, reply.target_s, reply.draft_passes, len(reply.seq_ids), math.nan))
         self._record(rep, reply, time.perf_counter() - rep.t_submit)
         rep.controller_s += time.perf_counter() - t0
 

@@ -136,9 +136,11 @@ class Controller:
     def observe(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray,
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
-                finished: np.ndarray, conf: np.ndarray | None = None) -> None:
+                finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
-        this controller computed in the step's verify; a remote replica passes its own)."""
+        this controller computed in the step's verify; a remote replica passes its own).
+        `overhead_s`: a step's time outside the model passes, for the cost model (the engine
+        reports its last complete step's)."""
         own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
@@ -149,7 +151,7 @@ class Controller:
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
         if self.learn_cost:
             self.cost.observe(int((verified + 1).sum()), int(context_lens.sum()), target_s,
-                              len(seq_ids), draft_passes, draft_s)
+                              len(seq_ids), draft_passes, draft_s, overhead_s)
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
                           draft_s + target_s, draft_s, target_s, context_lens, finished)
         self._call("observe", self.policy.observe, out)

@@ -70,8 +70,9 @@ class EngineStats:
     control_s: float = 0.0  # the controller: plan, keep_drafting and verify callbacks, observe
     pos_verified: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
     pos_accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
-    # per step: (N step tokens, context tokens, draft_s, target_s, draft passes, batch size)
-    step_log: list[tuple[int, int, float, float, int, int]] = field(default_factory=list)
+    # per step: (N step tokens, context tokens, draft_s, target_s, draft passes, batch size, seconds
+    # outside the model passes (nan where not measured))
+    step_log: list[tuple[int, int, float, float, int, int, float]] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -149,6 +150,7 @@ class Engine:
         self.queue: deque[tuple[Request, RequestOutput]] = deque()
         self.running: dict[int, tuple[Request, RequestOutput]] = {}  # slot -> request
         self.step_no = 0
+        self._overhead_s: float | None = None  # the last step's time outside the model passes
         self.seq_no = 0
         self.stats = EngineStats(pos_verified=np.zeros(runner.max_depth, np.int64),
                                  pos_accepted=np.zeros(runner.max_depth, np.int64))
@@ -188,6 +190,7 @@ class Engine:
         self.finished_ids: list[int] = []
         if not self.running:
             return
+        t_step = time.perf_counter()  # the step's wall time, admission (prefill) apart
         slots = np.array(sorted(self.running), dtype=np.int64)
         seq_ids = np.array([self._ids[s] for s in slots], dtype=np.int64)
         ctx_lens = np.array([len(self.runner.seqs[s]) for s in slots], dtype=np.int64)
@@ -210,14 +213,17 @@ class Engine:
         if ctl:
             ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
                         res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
-                        np.array(self.finished_ids, dtype=np.int64))
+                        np.array(self.finished_ids, dtype=np.int64), overhead_s=self._overhead_s)
         st = self.stats
         st.steps += 1
         st.draft_s += res.draft_s
         st.target_s += res.target_s
         st.control_s += t_plan + res.policy_s + time.perf_counter() - t_obs
+        # time outside the model passes (scheduling, sampling, bookkeeping, the controller), reported
+        # to the cost model at the next step (this one's observe is part of it)
+        self._overhead_s = max(time.perf_counter() - t_step - res.draft_s - res.target_s, 0.0)
         st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
-                            len(res.slots)))
+                            len(res.slots), self._overhead_s))
         self.step_no += 1
 
     def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:

@@ -4,23 +4,28 @@ A target step of N step tokens is timed as a verification pass really runs: ceil
 sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), logits on, each
 sequence holding an equal share of `context_tokens` in the KV cache. The cache is only advanced,
 never filled: attention cost depends on lengths, not values. A draft pass is `batch` sequences of
-one token. Each point is the median of `repeats` timed forwards after one warm-up.
+one token. Each point is the median of `repeats` timed forwards, each after a warm-up forward;
+the grid is timed in `repeats` passes, every pass in a fresh shuffled order, so a slow spell of a
+shared machine spreads over many points instead of landing on all the repeats of a few (timed
+point by point, a 3-repeat CPU profile had T(2) < T(1) and a flat T from 4 to 8 tokens).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from adaptive.cost_model import ProfiledCost
 from workers.kv_cache import KVCache
 from workers.model import Transformer
 
-TOKEN_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)  # fine where depth choices are made
 CTX_GRID = (0, 1024, 4096, 16384)
 DRAFT_BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK = dict(token_grid=(1, 8, 64), ctx_grid=(0, 256), draft_batch_grid=(1, 8), repeats=2)
@@ -71,7 +76,7 @@ def time_forward(model: Transformer, n_tokens: int, context_tokens: int, tokens_
 def profile(target: Transformer, draft: Transformer, device: torch.device | str | None = None,
             token_grid: Sequence[int] = TOKEN_GRID, ctx_grid: Sequence[int] = CTX_GRID,
             draft_batch_grid: Sequence[int] = DRAFT_BATCH_GRID, repeats: int = 5,
-            tokens_per_seq: int = 4, quick: bool = False) -> ProfiledCost:
+            tokens_per_seq: int = 4, quick: bool = False, progress: bool = False) -> ProfiledCost:
     """Time the pair on a grid and return the (monotone) table as a `ProfiledCost`.
 
     Args:
@@ -83,6 +88,7 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
         repeats: timed runs per point (median).
         tokens_per_seq: new tokens per sequence in a target pass (a verify length + 1).
         quick: a tiny grid with 2 repeats (tests, smoke runs); overrides the grids and repeats.
+        progress: a progress bar on stderr.
     Returns:
         ProfiledCost whose `meta` records the device, dtype, sizes and grid settings.
     Raises:
@@ -96,10 +102,17 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
         raise ValueError(f"models are on {target.device} / {draft.device}, not {device}")
     if repeats < 1 or tokens_per_seq < 1 or min(token_grid) < 1 or min(draft_batch_grid) < 1:
         raise ValueError("repeats, tokens_per_seq and grid sizes must be >= 1")
-    target_s = np.array([[time_forward(target, n, c, tokens_per_seq, repeats) for n in token_grid]
-                         for c in ctx_grid])  # (Nc, Nt)
-    draft_s = np.array([[time_forward(draft, b, c, 1, repeats) for b in draft_batch_grid]
-                        for c in ctx_grid])  # (Nc, Nb)
+    points = [("target", n, c) for c in ctx_grid for n in token_grid] + \
+        [("draft", b, c) for c in ctx_grid for b in draft_batch_grid]
+    samples: dict[tuple[str, int, int], list[float]] = {p: [] for p in points}
+    order = random.Random(0)
+    for _ in tqdm(range(repeats), desc="profiling (passes over the grid)", unit="pass", disable=not progress):
+        order.shuffle(points)
+        for kind, n, c in points:
+            model, per_seq = (target, tokens_per_seq) if kind == "target" else (draft, 1)
+            samples[kind, n, c].append(time_forward(model, n, c, per_seq, 1))
+    target_s = np.array([[np.median(samples["target", n, c]) for n in token_grid] for c in ctx_grid])  # (Nc, Nt)
+    draft_s = np.array([[np.median(samples["draft", b, c]) for b in draft_batch_grid] for c in ctx_grid])  # (Nc, Nb)
     meta = {"device": str(device), "device_name": _device_name(device),
             "dtype": str(target.embed.weight.dtype).removeprefix("torch."),
             "target_params": target.num_params(), "draft_params": draft.num_params(),

@@ -68,12 +68,12 @@ def build_cost(spec: str, pair, device: str):
     from adaptive.cost_model import load_cost
     from adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-    key = f"profile-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
+    key = f"profile-v2-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"  # v2: interleaved, finer grid
     path = cache / key
     if path.exists():
         return load_cost(path)
     print(f"profiling the pair on {device} (once; cached at {path}) ...", file=sys.stderr)
-    cost = profile(pair.target, pair.draft, device, quick=False, repeats=3)
+    cost = profile(pair.target, pair.draft, device, quick=False, repeats=5, progress=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cost.to_json())
     return cost

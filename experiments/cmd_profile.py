@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair()
     target, draft = (m.to(device=device, dtype=dtype).eval() for m in (pair.target, pair.draft))
     cost = profile(target, draft, device, token_grid=args.token_grid or TOKEN_GRID,
-                   ctx_grid=args.ctx_grid or CTX_GRID, repeats=args.repeats, quick=args.quick)
+                   ctx_grid=args.ctx_grid or CTX_GRID, repeats=args.repeats, quick=args.quick, progress=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cost.save(args.out)
     print(summary(cost))

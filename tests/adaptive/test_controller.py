@@ -235,3 +235,15 @@ def test_every_builtin_policy_is_lossless_on_the_bundled_pair(bundled, spec):
     assert not ctl.fallbacks
     if spec != "off":
         assert eng.stats.pos_verified.sum() > 0, spec
+
+
+def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
+    from tests.adaptive.test_cost_model import make_profiled
+    reqs, _ = workload
+    cost = make_profiled()
+    ctl = Controller(make_policy("static:k=2"), max_depth=8, cost=cost)
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), ctl)
+    eng.run(reqs)
+    over = np.array([row[6] for row in eng.stats.step_log])
+    assert over.shape == (eng.stats.steps,) and (over >= 0).all() and over.mean() > 0
+    assert 0 < cost.step_overhead_s < 1.0  # learned from them (a running mean, bounded per step)

@@ -211,3 +211,16 @@ def test_target_by_n_is_target_time_bit_for_bit(model):
         for _ in range(2):  # a second call reads what the first cached
             got = model.target_by_n(size, ctx)
             assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+
+
+def test_profiled_learns_the_step_overhead_apart_from_the_pass():
+    c = make_profiled()
+    pass_s = 1.3 * (c.target_time(24, 2000) - c.step_overhead_s)
+    for _ in range(300):  # every step also spends 2 ms outside the passes
+        c.observe(24, 2000, pass_s, 8, 2, 2 * c.draft_time(8, 2000), overhead_s=2e-3)
+    assert c.step_overhead_s == pytest.approx(2e-3, rel=0.01)
+    assert c.target_time(24, 2000) == pytest.approx(pass_s + 2e-3, rel=0.01)  # the pass learned apart
+    c.observe(24, 2000, pass_s, 8, 2, 2 * c.draft_time(8, 2000), overhead_s=5.0)  # a 5 s pause
+    assert c.step_overhead_s < 2e-3 * 1.2  # counted as at most 2x + 1 ms, at a tenth of the way
+    assert make_profiled().to_dict()["step_overhead_s"] == 0.0
+    assert CostModel.from_dict(c.to_dict()).step_overhead_s == c.step_overhead_s
