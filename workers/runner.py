@@ -42,7 +42,8 @@ class StepResult:
     top1: np.ndarray  # (B, J) float: draft top-1 probability per drafted position, 0 past drafted
     entropy: np.ndarray  # (B, J) float
     draft_s: float  # wall time of all draft passes (the keep_fn callbacks excluded)
-    target_s: float  # wall time of the verification pass + sampling + commit (verify_fn excluded)
+    target_s: float  # wall time of the target's forward (synchronised); building its input, the verdict
+    # and the commit are the step's overhead, as the profile times forwards alone (adaptive/profiler.py)
     draft_passes: int
     step_tokens: int  # N = sum_r (d_r + 1)
     context_tokens: int  # sum of committed lengths before the step
@@ -132,7 +133,11 @@ class PairRunner:
         inp[:, 0] = torch.tensor([self.seqs[s][-1] for s in slots], device=self.device)
         inp[:, 1:] = tokens[:, :D]
         d_t = torch.tensor(verify, device=self.device)
+        t_fwd = time.perf_counter()
         logits = self.target(self.tcache, seq_t, inp, d_t + 1)  # (B, D + 1, V)
+        if logits.is_cuda:
+            torch.cuda.synchronize(logits.device)
+        target_s = time.perf_counter() - t_fwd
         failed = self._check_finite(logits, verify + 1, "target")
         if self.sampling.greedy:
             verdict = greedy_verify(tokens[:, :D], logits.argmax(-1), d_t)
@@ -154,9 +159,8 @@ class PairRunner:
             self.tcache.truncate(s, n + accepted[r])  # keep prefix + accepted drafts
             self.dcache.truncate(s, min(self.dcache.lengths[s], n + accepted[r]))
             emitted.append(new)
-        t2 = time.perf_counter()
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
-                          t1 - t0 - keep_s, t2 - t1 - t_verify, passes, int((verify + 1).sum()), ctx_tokens,
+                          t1 - t0 - keep_s, target_s, passes, int((verify + 1).sum()), ctx_tokens,
                           failed, keep_s + t_verify)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):

@@ -118,11 +118,13 @@ def test_verify_columns_refuse_too_few_prices() -> None:
         fast.answer(np.full((2, 2), 0.9), np.full(2, 2), np.zeros(2, np.int64))
 
 
-def _keep(conf, drafted, prior_next, times, pass_one=1e-3, pass_all=2e-3, streak=0.5):
-    b = len(conf)
+def _keep(conf, drafted, prior_next, times, pass_one=1e-3, pass_all=2e-3, streak=0.5, depth=2):
+    b, j = len(conf), len(conf[0])
     pass_k = pass_one + (pass_all - pass_one) * np.arange(b) / max(b - 1, 1)
-    return keep_kernel(np.asarray(conf, float), np.asarray(drafted, np.int64), np.asarray(prior_next, float), streak,
-                       np.asarray(times, float), pass_k, pass_all, 0.0)
+    prior = np.zeros((b, depth))
+    prior[:, j] = prior_next  # positions past j + 1: rate 0 (one pass of lookahead)
+    return keep_kernel(np.asarray(conf, float), np.asarray(drafted, np.int64), np.full(b, depth, np.int64), prior,
+                       streak, np.asarray(times, float), pass_k, pass_all, 0.0)
 
 
 def test_keep_kernel_by_hand() -> None:
@@ -153,3 +155,17 @@ def test_a_reset_instance_answers_as_a_fresh_one() -> None:
         for j in range(1, 7):
             args = (conf[:, :j].copy(), np.minimum(drafted, j), lens)
             assert reused.answer(*args).tolist() == fresh.answer(*args).tolist()
+
+
+def test_keep_kernel_looks_past_a_step_in_the_step_time() -> None:
+    # batch 1 after pass 1: the third token costs 4 ms of target time, the next five nothing (as a
+    # CPU's step time rises in steps). One more pass alone does not pay; three more do.
+    times = np.array([0.0, 0.010, 0.011, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015])
+    conf, drafted = np.array([[0.8]]), np.array([1])
+    prior = np.full((1, 8), 0.8)
+    one_ahead = prior.copy()
+    one_ahead[0, 2:] = 0.0  # what a one-pass rule sees: nothing past position 2
+    args = (times, np.array([1e-3]), 1e-3, 0.0)
+    assert not keep_kernel(conf, drafted, np.array([8]), one_ahead, 0.5, *args)[0]
+    assert keep_kernel(conf, drafted, np.array([8]), prior, 0.5, *args)[0]
+    assert not keep_kernel(conf, drafted, np.array([2]), prior, 0.5, *args)[0]  # its budget ends at 2
