@@ -5,10 +5,10 @@
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
 acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
 the same cost model (this machine's profile, refined online during each run). Each batch size is
-measured in `--rounds` rounds; in a round every policy serves the same requests, the engines
-stepped in turn (a fresh shuffled order each cycle) and each timed over its own steps, so slow
-spells of a shared machine fall on all policies alike; a policy's figure is its median over the
-rounds. Also printed: calibration of predicted survival after warm-up (ECE, Brier) pooled over the
+measured in `--rounds` rounds; in a round every policy serves a closed loop of `batch` requests
+in flight (the same prompts in the same order), all engines taking the same number of steps in
+turn (a fresh shuffled order each cycle), each timed over its own steps, so slow spells of a
+shared machine fall on all policies alike; a policy's figure is its median over the rounds. Also printed: calibration of predicted survival after warm-up (ECE, Brier) pooled over the
 dspark runs, the cost model's prediction error against measured step times during the dspark
 runs, and the controller's own time per step. Ratios are measured side by side in this one run;
 absolute tokens/s move with the machine's load.
@@ -50,32 +50,34 @@ def make_engine(pair, spec: str, batch: int, cost, acc: AcceptanceModel, max_len
     return Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl), ctl
 
 
-def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, tokens: int, cost,
+def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int, cost,
               acc: AcceptanceModel, rng: random.Random) -> dict[str, tuple[float, Engine, Controller]]:
-    """Every policy serves the same requests, its engine stepped in turn with the others' (a fresh
-    shuffled order each cycle), each timed over its own steps only. A slow spell of a shared machine
-    then falls on every policy alike, step by step; run one after another, a spell of a few seconds
-    moved a policy's figure by 20-35%.
+    """A closed loop: every policy's engine keeps `batch` requests in flight (new ones taken from
+    `prompts`, in the same order for all), and the engines take `steps` steps each, in turn (a
+    fresh shuffled order each cycle), each timed over its own steps only. A slow spell of a shared
+    machine then falls on every policy alike, step by step, and no engine runs a tail alone with
+    the caches to itself; run one after another, a spell of a few seconds moved a policy's figure
+    by 20-35%.
 
     Returns:
-        spec -> (tokens/s over its own steps' wall time, engine, controller).
+        spec -> (tokens emitted / wall time of its own steps, engine, controller).
     """
     max_len = max(len(p) for p in prompts) + tokens + 1
     engines = {s: make_engine(pair, s, batch, cost, acc, max_len) for s in specs}
-    for eng, _ in engines.values():
-        for i, p in enumerate(prompts):
-            eng.submit(Request(f"{i}", p, tokens, ignore_eos=True))
+    outs: dict[str, list] = {s: [] for s in specs}
     wall = dict.fromkeys(specs, 0.0)
-    live = list(specs)
-    while live:
-        rng.shuffle(live)
-        for s in live:
+    order = list(specs)
+    for _ in range(steps):
+        rng.shuffle(order)
+        for s in order:
             eng = engines[s][0]
+            while len(eng.queue) + len(eng.running) < batch:  # keep the batch full
+                i = len(outs[s])
+                outs[s].append(eng.submit(Request(f"{i}", prompts[i % len(prompts)], tokens, ignore_eos=True)))
             t0 = time.perf_counter()
             eng.step()
             wall[s] += time.perf_counter() - t0
-        live = [s for s in live if engines[s][0].has_work()]
-    return {s: (len(prompts) * tokens / wall[s], *engines[s]) for s in specs}
+    return {s: (sum(len(o.output_ids) for o in outs[s]) / wall[s], *engines[s]) for s in specs}
 
 
 def cost_error(eng: Engine, cost) -> tuple[float, float]:
@@ -102,7 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
-    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: 4 x batch, >= 16)")
+    ap.add_argument("--steps", type=int, default=0, help="steps per policy per round (default: max(96, 384 / batch))")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every policy per batch size (median)")
     ap.add_argument("--warmup", type=int, default=160, help="warm-up prompts (static k=8, batch 32)")
     ap.add_argument("--threads", type=int, default=2)
@@ -120,16 +122,16 @@ def main() -> None:
     policies = args.policies.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     # a few steps of every policy first: compiled kernels (policies/kernels.py) load or compile on first use
-    run_round(pair, policies, warm[:2], 2, 4, cost, acc, random.Random(1))
+    run_round(pair, policies, warm[:2], 2, 4, 4, cost, acc, random.Random(1))
     runs: dict[tuple[str, int], list[float]] = {}
     ctl_ms: dict[tuple[str, int], list[float]] = {}
-    errs, cal = [], []
+    errs, cal, all_models = [], [], []
     order = random.Random(0)
     for b in batches:
-        n_req = args.requests or max(16, 4 * b)
+        steps = args.steps or max(96, 384 // b)
         models, err = [], []
         for rnd in range(args.rounds):
-            results = run_round(pair, policies, prompts[:n_req], b, args.tokens, cost, acc, order)
+            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order)
             for spec in policies:
                 tps, eng, ctl = results[spec]
                 runs.setdefault((spec, b), []).append(tps)
@@ -143,6 +145,7 @@ def main() -> None:
             del results
         if models:
             cal.append(pooled_calibration(models))
+            all_models += models
             errs.append(tuple(np.median(np.array(err), axis=0)))
     table = {k: float(np.median(v)) for k, v in runs.items()}
     print(f"\ntokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)\n")
@@ -164,6 +167,8 @@ def main() -> None:
             print("  " + ", ".join(line))
         print("\ncalibration after warm-up (dspark runs, pooled over rounds): " + ", ".join(
             f"batch {b}: ECE {e:.4f} Brier {br:.4f} ({n} verified positions)" for b, (e, br, n) in zip(batches, cal)))
+        e, br, n = pooled_calibration(all_models)
+        print(f"calibration pooled over every batch size: ECE {e:.4f} Brier {br:.4f} ({n} verified positions)")
         print("cost model vs measured (dspark runs, median abs error): " + ", ".join(
             f"batch {b}: target pass {t:.1%}, whole step {s:.1%}" for b, (t, s) in zip(batches, errs)))
 

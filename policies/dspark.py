@@ -10,10 +10,9 @@ Each step (DESIGN.md "Allocation"):
   switches itself off.
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
-  (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks), and h more
-  positions the sum of such products. The next pass is drafted for the sequences (best first)
-  whose next h passes, for the best h, raise the step's predicted throughput
-  tau / (draft time + target time) once their cost is paid; otherwise drafting stops. With it, the
+  (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
+  pass is drafted for the sequences (best first) that raise the step's predicted throughput
+  tau / (draft time + target time) once its cost is paid; otherwise drafting stops. With it, the
   plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
   drafts are paid only where the confidences say they will likely be verified.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),

@@ -157,15 +157,11 @@ def test_a_reset_instance_answers_as_a_fresh_one() -> None:
             assert reused.answer(*args).tolist() == fresh.answer(*args).tolist()
 
 
-def test_keep_kernel_looks_past_a_step_in_the_step_time() -> None:
-    # batch 1 after pass 1: the third token costs 4 ms of target time, the next five nothing (as a
-    # CPU's step time rises in steps). One more pass alone does not pay; three more do.
-    times = np.array([0.0, 0.010, 0.011, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015])
-    conf, drafted = np.array([[0.8]]), np.array([1])
-    prior = np.full((1, 8), 0.8)
-    one_ahead = prior.copy()
-    one_ahead[0, 2:] = 0.0  # what a one-pass rule sees: nothing past position 2
-    args = (times, np.array([1e-3]), 1e-3, 0.0)
-    assert not keep_kernel(conf, drafted, np.array([8]), one_ahead, 0.5, *args)[0]
-    assert keep_kernel(conf, drafted, np.array([8]), prior, 0.5, *args)[0]
-    assert not keep_kernel(conf, drafted, np.array([2]), prior, 0.5, *args)[0]  # its budget ends at 2
+def test_keep_kernel_counts_no_worth_past_a_budget() -> None:
+    # two sequences after pass 1; the first's budget ends at 1 (e.g. its request has one token
+    # left): it cannot draft on, and its would-be worth must not buy the second a pass
+    times = np.full(12, 0.020)
+    conf, drafted, prior = np.array([[0.95], [0.3]]), np.array([1, 1]), np.full((2, 8), 0.9)
+    args = (prior, 0.5, times, np.array([2e-3, 2.1e-3]), 1e-3, 0.0)  # a second row costs 0.1 ms more
+    assert keep_kernel(conf, drafted, np.array([8, 8]), *args).tolist() == [True, True]
+    assert keep_kernel(conf, drafted, np.array([1, 8]), *args).tolist() == [False, False]
