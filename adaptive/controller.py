@@ -38,6 +38,10 @@ class Controller:
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.learn_cost = learn_cost
+        # (predicted pass, predicted draft passes, predicted overhead, measured pass, measured draft,
+        # measured overhead) per step, the predictions made before the step was observed; filled
+        # only when a list is put here (benchmarks: `ctl.cost_track = []`)
+        self.cost_track: list[tuple[float, float, float, float, float, float]] | None = None
         self.fallbacks: Counter[str] = Counter()
         self._causal = policy.overrides("verify")
 
@@ -149,9 +153,14 @@ class Controller:
         if conf.shape != top1.shape:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
+        n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
+        if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
+            over = self.cost.step_overhead_s
+            self.cost_track.append((float(self.cost.target_time(n_tok, ctx)) - over,
+                                    draft_passes * float(self.cost.draft_time(len(seq_ids), ctx)), over,
+                                    target_s, draft_s, overhead_s))
         if self.learn_cost:
-            self.cost.observe(int((verified + 1).sum()), int(context_lens.sum()), target_s,
-                              len(seq_ids), draft_passes, draft_s, overhead_s)
+            self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s)
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
                           draft_s + target_s, draft_s, target_s, context_lens, finished)
         self._call("observe", self.policy.observe, out)

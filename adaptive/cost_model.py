@@ -423,6 +423,7 @@ class ProfiledCost(CostModel):
         if not (math.isfinite(step_overhead_s) and step_overhead_s >= 0):
             raise ValueError(f"step_overhead_s must be finite and >= 0, got {step_overhead_s}")
         self.step_overhead_s = float(step_overhead_s)
+        self._overhead_n = 0 if step_overhead_s == 0 else int(1 / lr)  # observations behind it
         self.base_target, self.base_draft = _monotone(self.base_target), _monotone(self.base_draft)
         self.lr, self.max_step, self.frozen = float(lr), float(max_step), bool(frozen)
         self.target_logcorr = np.zeros_like(self.base_target) if target_logcorr is None \
@@ -480,13 +481,17 @@ class ProfiledCost(CostModel):
                 draft_passes: int, draft_s: float, overhead_s: float | None = None) -> None:
         """Bounded multiplicative correction of the cells around this step (see class doc).
         The draft's time is attributed per pass at `draft_batch` (its first, largest pass).
-        `overhead_s` moves the learned step overhead by `lr` of the way, an outlier (a pause)
-        counted as at most twice the current value plus 1 ms."""
+        `overhead_s` moves the learned step overhead by `lr` of the way (by 1/n over the first
+        n < 1/lr observations, a running mean), an outlier (a pause) counted as at most twice the
+        current value plus 1 ms."""
         if self.frozen:
             return
         if overhead_s is not None and math.isfinite(overhead_s):
-            seen = min(max(overhead_s, 0.0), 2.0 * self.step_overhead_s + 1e-3)
-            self.step_overhead_s += self.lr * (seen - self.step_overhead_s)
+            self._overhead_n += 1  # a running mean at first (nothing to start from), then lr of the way
+            seen = max(overhead_s, 0.0)
+            if self._overhead_n > 1:
+                seen = min(seen, 2.0 * self.step_overhead_s + 1e-3)
+            self.step_overhead_s += max(self.lr, 1.0 / self._overhead_n) * (seen - self.step_overhead_s)
         ratios = []
         if n_tokens > 0:
             ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,

@@ -242,8 +242,12 @@ def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
     reqs, _ = workload
     cost = make_profiled()
     ctl = Controller(make_policy("static:k=2"), max_depth=8, cost=cost)
+    ctl.cost_track = []  # each step's predictions, made before the step is learned from
     eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), ctl)
     eng.run(reqs)
     over = np.array([row[6] for row in eng.stats.step_log])
     assert over.shape == (eng.stats.steps,) and (over >= 0).all() and over.mean() > 0
     assert 0 < cost.step_overhead_s < 1.0  # learned from them (a running mean, bounded per step)
+    track = np.array(ctl.cost_track)  # the first step reports no overhead yet: no row
+    assert track.shape == (eng.stats.steps - 1, 6) and (track[:, [0, 3]] > 0).all()
+    assert track[0, 2] == 0.0 and track[1, 2] == over[0]  # nothing learned, then the first step's
