@@ -226,10 +226,23 @@ class AcceptanceModel:
         shift = self._seq_shift(seq_ids, (4, 5))  # (B,)
         return _sigmoid(_logit(self.plan_rates(K)[state]) + shift[:, None])
 
+    def base_rates(self, K: int) -> tuple[np.ndarray, np.ndarray]:
+        """(S, K) planning rates per state, and the observations behind them, as of the last fit.
+
+        State 0 (no verified step yet, or none last step) is the population's rate, pooled over
+        every state: a sequence there has no streak of its own to condition on. Its own learned
+        rate was a trap: it is observed only when a policy drafts in state 0, so a low early
+        estimate stopped the drafting that would have corrected it (on a replay at concurrency 1
+        from a fresh model, dspark never drafted again: 24,854 of 25,205 steps)."""
+        pos = self._pos(K)
+        r, n = self.state_rates[:, pos].copy(), self.state_n[:, pos].copy()  # (S, K)
+        r[0], n[0] = self.global_rates[pos], self.state_n[:, pos].sum(0)
+        return r, n
+
     def plan_rates(self, K: int) -> np.ndarray:
         """(S, K) the per-state rates with their optimism bonus (see `prior_conf`), as of the last fit."""
-        r = self.state_rates[:, self._pos(K)].copy()  # (S, K)
-        r1, n1 = r[:, 0], self.state_n[:, 0]  # (S,) position 1: the door (see `prior_conf`)
+        r, n = self.base_rates(K)  # (S, K)
+        r1, n1 = r[:, 0], n[:, 0]  # (S,) position 1: the door (see `prior_conf`)
         r[:, 0] = np.minimum(r1 + self.config.optimism * np.sqrt(r1 * (1 - r1) / (n1 + self.config.rate_strength)),
                              1 - 1e-4)
         return r
@@ -269,7 +282,7 @@ class AcceptanceModel:
         g_conf = self._global_conf(top1, entropy)  # (B, J)
         rows = [self._row_for(int(s)) for s in np.ravel(seq_ids)]  # may grow seq_stats: index after
         state = self.seq_stats[rows, STATE].astype(np.int64)  # (B,) before this step
-        g_rate = self.state_rates[state][:, self._pos(J)]  # (B, J) the planning baseline
+        g_rate = self.base_rates(J)[0][state]  # (B, J) the planning baseline
         self._update_seqs(rows, counted, y, g_conf, g_rate)
         posj = np.broadcast_to(self._pos(J)[None, :], (B, J))
         np.add.at(self.state_counts, (np.broadcast_to(state[:, None], (B, J))[counted], posj[counted]),

@@ -173,3 +173,17 @@ def test_an_idle_sequence_drifts_back_toward_the_prior():
     assert AcceptanceModel(AcceptanceConfig(idle_decay=1.0)).config.idle_decay == 1.0
     with pytest.raises(ValueError):
         AcceptanceConfig(idle_decay=0.0)
+
+
+def test_a_sequence_without_a_streak_plans_with_the_population_rate():
+    # state 0 (no verified step yet, or none last step) plans with the rate pooled over every state,
+    # not a rate of its own that only drafting in state 0 would ever correct (a trap)
+    from adaptive.acceptance import AcceptanceModel
+    m = AcceptanceModel()
+    m.state_rates[:] = [[0.2] * m.state_rates.shape[1], [0.9] * m.state_rates.shape[1], [0.6] * m.state_rates.shape[1]]
+    m.state_n[:] = 100.0
+    m.global_rates[:] = 0.7
+    r, n = m.base_rates(4)
+    assert np.allclose(r[0], 0.7) and np.allclose(r[1:, 0], [0.9, 0.6]) and np.allclose(n[0], 300.0)
+    unknown = m.prior_conf(np.array([12345]), 4)[0]
+    assert unknown[0] > 0.7 and np.allclose(unknown[1:], 0.7)  # position 1 carries the optimism bonus
