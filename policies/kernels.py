@@ -217,16 +217,15 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
 
 @njit(cache=True)
 def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prior: np.ndarray, streak: float,
-                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float) -> np.ndarray:
+                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float, horizon: int = 1) -> np.ndarray:
     """dspark's keep-drafting rule after draft pass j (see policies/dspark.py).
 
-    Position j + 1 of sequence r is worth s_{r,j} c-hat_{r,j+1} expected tokens (c-hat: the
-    prior's rate for position j + 1 blended with the last confidence, `streak`); 0 where r has
-    stopped or its budget ends at j. Sequences are ranked by worth; for every prefix of that
-    ranking (k sequences), Theta = (tau + their worth) / (sunk draft time + a pass over k rows +
-    the target step with k more tokens). If the best beats Theta now, its sequences draft on.
-    (Looking several passes ahead instead was tried: on the replays it never did better and lost
-    3% on the H200 sweep at C = 32.)
+    Position j + l of sequence r is worth s_{r,j} c_1 ... c_l expected tokens, c_l = c-hat_{r,j+l}:
+    the prior's rate for that position blended with the last confidence (`streak`); 0 where r has
+    stopped or its budget ends. Sequences are ranked by the worth of their next position; for
+    every prefix of that ranking (k sequences) and every h <= `horizon` further passes,
+    Theta = (tau + their worth over h positions) / (sunk draft time + h passes over k rows + the
+    target step with k h more tokens). If the best beats Theta now, its sequences draft on.
 
     Args:
         conf: (B, j) calibrated confidences of positions 1..j (0 where not drafted).
@@ -234,19 +233,21 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
         budgets: (B,) the plan's budgets (no sequence drafts past its own).
         prior: (B, K) the prior's per-position rates (K > j).
         streak: weight of the last confidence (vs the prior) in c-hat.
-        times: target time by total step tokens N (covering up to B (j + 2)).
+        times: target time by total step tokens N (covering up to B (K + 1)).
         pass_k: (B,) seconds of a draft pass over k = 1..B rows.
         pass_all: seconds of a draft pass over the batch (each pass so far).
         margin: minimum relative Theta gain.
+        horizon: passes looked ahead (1: does the next pass pay; more: do the next h, for some h).
 
     Returns:
         (B,) bool: who drafts position j + 1.
     """
     n, j = conf.shape
     keep = np.zeros(n, np.bool_)
-    if j >= prior.shape[1]:
+    horizon = min(horizon, prior.shape[1] - j)
+    if horizon <= 0:
         return keep
-    worth = np.zeros(n)
+    worth = np.zeros((n, horizon))  # (B, H) expected tokens from drafting 1..H more positions
     tau_now = float(n)
     n_now = n
     any_drafting = False
@@ -256,9 +257,14 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
             s = s * _unit(conf[r, i])
             tau_now += s
         n_now += drafted[r]
-        if drafted[r] == j and j < budgets[r]:
-            worth[r] = s * ((1.0 - streak) * _unit(prior[r, j]) + streak * _unit(conf[r, j - 1]))
-            any_drafting = any_drafting or worth[r] > 0.0
+        if drafted[r] == j:
+            last, p, g = streak * _unit(conf[r, j - 1]), s, 0.0
+            for h in range(horizon):
+                if j + h < budgets[r]:
+                    p = p * ((1.0 - streak) * _unit(prior[r, j + h]) + last)
+                    g += p
+                worth[r, h] = g
+            any_drafting = any_drafting or worth[r, 0] > 0.0
     if not any_drafting:
         return keep
     # best first, ties by row: one int64 sort of (worth, row) keys, worth in steps of 2^-(62 - bits)
@@ -269,21 +275,23 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
     scale = float(1 << (62 - bits))
     keys = np.empty(n, np.int64)
     for r in range(n):
-        keys[r] = ((np.int64(scale) - np.int64(worth[r] * scale)) << bits) | r
+        keys[r] = ((np.int64(scale) - np.int64(worth[r, 0] * scale)) << bits) | r
     keys.sort()
     mask = (1 << bits) - 1
     sunk = j * pass_all
     theta_now = tau_now / (sunk + times[n_now])
-    g, best, best_theta = 0.0, -1, -np.inf
-    for k in range(n):
-        g += worth[keys[k] & mask]
-        th = (tau_now + g) / (sunk + pass_k[k] + times[n_now + 1 + k])
-        if th > best_theta:
-            best, best_theta = k, th
+    best, best_theta = -1, -np.inf
+    for h in range(horizon):
+        g = 0.0
+        for k in range(n):
+            g += worth[keys[k] & mask, h]
+            th = (tau_now + g) / (sunk + (h + 1) * pass_k[k] + times[n_now + (k + 1) * (h + 1)])
+            if th > best_theta:
+                best, best_theta = k, th
     if best_theta > theta_now * (1.0 + margin):
         for k in range(best + 1):
             r = keys[k] & mask
-            keep[r] = worth[r] > 0.0
+            keep[r] = worth[r, 0] > 0.0
     return keep
 
 

@@ -224,7 +224,11 @@ def test_parameters_and_registry() -> None:
         DSpark(margin=-0.1)
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
-    assert policy.describe() == "dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, streak=0.5)"
+    assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
+                                 "streak=0.5, lookahead=1)")
+    with pytest.raises(ValueError, match="lookahead"):
+        DSpark(lookahead=0)
+    assert make_policy("dspark:lookahead=8").lookahead == 8
 
 
 # --- dynamic draft depth (keep_drafting) -------------------------------------------------------------

@@ -165,3 +165,15 @@ def test_keep_kernel_counts_no_worth_past_a_budget() -> None:
     args = (prior, 0.5, times, np.array([2e-3, 2.1e-3]), 1e-3, 0.0)  # a second row costs 0.1 ms more
     assert keep_kernel(conf, drafted, np.array([8, 8]), *args).tolist() == [True, True]
     assert keep_kernel(conf, drafted, np.array([1, 8]), *args).tolist() == [False, False]
+
+
+def test_keep_kernel_can_look_past_a_step_in_the_step_time() -> None:
+    # batch 1 after pass 1: the third token costs 4 ms of target time, the next five nothing (a step
+    # time that rises in steps). One more pass alone does not pay; three more do, which only a rule
+    # looking several passes ahead sees (dspark's `lookahead`)
+    times = np.array([0.0, 0.010, 0.011, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015])
+    conf, drafted, prior = np.array([[0.8]]), np.array([1]), np.full((1, 8), 0.8)
+    args = (prior, 0.5, times, np.array([1e-3]), 1e-3, 0.0)
+    assert not keep_kernel(conf, drafted, np.array([8]), *args, 1)[0]
+    assert keep_kernel(conf, drafted, np.array([8]), *args, 8)[0]
+    assert not keep_kernel(conf, drafted, np.array([2]), *args, 8)[0]  # its budget ends at 2
