@@ -58,6 +58,25 @@ def forward_curve(model, grid, ctx: int = 128, repeats: int = 5) -> list[float]:
     return out
 
 
+@torch.inference_mode()
+def ragged_pass(model, n_new: list[int], ctx: int = 200, repeats: int = 15) -> float:
+    """Median seconds of one target pass where sequence b brings n_new[b] new tokens (ctx each)."""
+    B, T = len(n_new), max(n_new)
+    cache = KVCache(model.cfg.n_layers, B, model.cfg.n_kv_heads, model.cfg.hd, ctx + T,
+                    model.embed.weight.dtype, model.device)
+    slots = [cache.allocate() for _ in range(B)]
+    cache.advance(torch.tensor(slots), torch.full((B,), ctx))
+    x, n = torch.randint(0, model.cfg.vocab_size, (B, T)), torch.tensor(n_new)
+    times = []
+    for _ in range(repeats + 2):
+        t0 = time.perf_counter()
+        model(cache, torch.tensor(slots), x, n)
+        times.append(time.perf_counter() - t0)
+        for s in slots:
+            cache.truncate(s, ctx)
+    return float(np.median(times[2:]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--random", action="store_true", help="random models of the bundled pair's size")
@@ -86,6 +105,18 @@ def main() -> None:
     print("    N   ms/pass   us/token")
     for n, t in zip(grid, curve):
         print(f"{n:5d}  {t * 1e3:8.2f}  {t / n * 1e6:9.1f}")
+
+    print("\nragged verify passes (context 200 per sequence): per-token layers run on the valid tokens only,"
+          "\nattention in two parts (every first token; the longer rows padded), so a pass costs its tokens,"
+          "\nnot batch x longest row")
+    print("  batch  rows                   tokens  B x T    ms/pass  vs all-1")
+    for b in (16, 64):
+        base = ragged_pass(pair.target, [1] * b)
+        for name, rows in (("all 1", [1] * b), ("one 9, rest 1", [9] + [1] * (b - 1)), ("all 2", [2] * b),
+                           ("half 5, half 1", [5] * (b // 2) + [1] * (b // 2))):
+            t = base if name == "all 1" else ragged_pass(pair.target, rows)
+            print(f"  {b:5d}  {name:20s}  {sum(rows):6d}  {b * max(rows):5d}  {t * 1e3:8.2f}  {t / base:7.2f}x",
+                  flush=True)
 
     print("\nstep time vs generated length (batch 16): the batch is decoded to the length, then 16 steps "
           "are timed there; tokens/s from the median step (robust to this shared machine's spikes)")

@@ -3,7 +3,8 @@
 Each slot holds up to `max_len` positions for every layer. A slot's length is the number of
 positions that are valid; rolling back rejected draft positions is `truncate(slot, n)`: the
 stale keys stay in memory and are overwritten by the next write, never read (the attention mask
-stops at the length). One extra scratch column (index `max_len`) absorbs writes from padding.
+stops at the length). The model writes valid tokens only (packed); one extra scratch column
+(index `max_len`) can absorb the padding of a caller that writes a padded (B, T) batch.
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ class KVCache:
     # ---- tensor access (called by attention) ------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-        """slots: (B,); pos: (B, T); k, v: (B, T, nkv, hd)."""
-        sl = slots[:, None].expand_as(pos)  # (B, T)
-        # advanced indices around a slice: the indexed view has shape (B, T, nkv, hd)
-        self.k[layer][sl, :, pos] = k.to(self.k.dtype)
-        self.v[layer][sl, :, pos] = v.to(self.v.dtype)
+        """Each new token's slot and position: slots and pos of one shape (...), e.g. (B, T) or
+        packed (N,); k, v: (..., nkv, hd)."""
+        # advanced indices around a slice: the indexed view has shape (..., nkv, hd)
+        self.k[layer][slots, :, pos] = k.to(self.k.dtype)
+        self.v[layer][slots, :, pos] = v.to(self.v.dtype)
 
     @staticmethod
     def slot_index(slots: torch.Tensor) -> slice | torch.Tensor:

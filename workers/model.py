@@ -2,7 +2,9 @@
 
 Read top to bottom: config, norm, rotary embedding, attention, MLP, block, model. One forward
 serves prefill, drafting and verification: each sequence in the batch brings its own number of
-new tokens (1..T), they are padded to T, and every new token gets logits in ONE call. The KV
+new tokens (1..T), and every new token gets logits in ONE call. Only attention sees the batch
+padded to (B, T); every per-token layer (projections, MLP, norms, LM head) runs on the packed
+valid tokens, so a ragged verify pass costs its real token count, not B x T. The KV
 cache is preallocated (one slot per running sequence); rolling back rejected positions is just
 resetting the slot's length (see `kv_cache.py`), nothing is copied or recomputed.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -87,9 +89,10 @@ def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, nh, hd); cos/sin: (B, T, hd/2). Rotate-half convention (as HF Llama)."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, nh, hd/2) each
-    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    """x: (..., nh, hd); cos/sin: (..., hd/2), the same leading shape ((B, T) or packed (N,)).
+    Rotate-half convention (as HF Llama)."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (..., nh, hd/2) each
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
 
 
@@ -107,33 +110,46 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
                 cache: Optional[KVCache], meta: "BatchMeta") -> torch.Tensor:
-        B, T, _ = x.shape
+        """x: (B, T, dim) in training; with a cache, (N, dim): the batch's valid tokens, packed."""
         cfg, hd = self.cfg, self.cfg.hd
-        q = self.wq(x).view(B, T, cfg.n_heads, hd)  # (B, T, nh, hd)
-        k = self.wk(x).view(B, T, cfg.n_kv_heads, hd)  # (B, T, nkv, hd)
-        v = self.wv(x).view(B, T, cfg.n_kv_heads, hd)  # (B, T, nkv, hd)
+        lead = x.shape[:-1]  # (B, T) or (N,)
+        q = self.wq(x).view(*lead, cfg.n_heads, hd)  # (..., nh, hd)
+        k = self.wk(x).view(*lead, cfg.n_kv_heads, hd)  # (..., nkv, hd)
+        v = self.wv(x).view(*lead, cfg.n_kv_heads, hd)  # (..., nkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is None:  # training: plain causal attention over the T tokens
-            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, nkv, T, hd)
-            mask = None
-        else:
-            cache.write(layer, meta.slots, meta.write_pos, k, v)
-            keys, values = cache.read(layer, meta.read_index, meta.span)  # (B, nkv, S, hd)
-            mask = meta.mask  # (B, 1, T, S)
         rep = cfg.n_heads // cfg.n_kv_heads
-        if mask is None:
+        if cache is None:  # training: plain causal attention over the T tokens
+            B, T = lead
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, nkv, T, hd)
             if rep > 1:
                 keys = keys.repeat_interleave(rep, dim=1)  # (B, nh, T, hd)
                 values = values.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True)
-        else:
-            # GQA without copying keys: fold each KV head's `rep` query heads into the query axis
-            qg = q.transpose(1, 2).reshape(B, cfg.n_kv_heads, rep * T, hd)  # (B, nkv, rep*T, hd)
-            y = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # (B, nkv, rep*T, hd)
-            y = y.view(B, cfg.n_heads, T, hd)  # (B, nh, T, hd)
-        return self.wo(y.transpose(1, 2).reshape(B, T, cfg.n_heads * hd))
+            return self.wo(y.transpose(1, 2).reshape(B, T, cfg.n_heads * hd))
+        cache.write(layer, meta.write_slots, meta.write_pos, k, v)
+        if meta.pack is None:  # every row full: the batch is one part, nothing to gather
+            B, T = meta.positions.shape
+            return self.wo(self._attend(q.view(B, T, cfg.n_heads, hd), layer, cache, meta.parts[0]).view(B * T, -1))
+        y = q.new_empty(q.shape[0], cfg.n_heads * hd)  # (N, nh*hd)
+        for part in meta.parts:
+            Bp, Tp = part.shape
+            qp = q.new_zeros(Bp * Tp, cfg.n_heads, hd).index_copy_(0, part.dst, q.index_select(0, part.src))
+            yp = self._attend(qp.view(Bp, Tp, cfg.n_heads, hd), layer, cache, part)  # (Bp, Tp, nh*hd)
+            y.index_copy_(0, part.src, yp.view(Bp * Tp, -1).index_select(0, part.dst))
+        return self.wo(y)  # (N, dim)
+
+    def _attend(self, q: torch.Tensor, layer: int, cache: KVCache, part: "AttnPart") -> torch.Tensor:
+        """q: (Bp, Tp, nh, hd) queries of one part -> (Bp, Tp, nh*hd), over its cached keys."""
+        cfg, hd = self.cfg, self.cfg.hd
+        B, T = q.shape[:2]
+        keys, values = cache.read(layer, part.read_index, part.span)  # (Bp, nkv, S, hd)
+        # GQA without copying keys: fold each KV head's `rep` query heads into the query axis
+        rep = cfg.n_heads // cfg.n_kv_heads
+        qg = q.transpose(1, 2).reshape(B, cfg.n_kv_heads, rep * T, hd)  # (Bp, nkv, rep*Tp, hd)
+        y = F.scaled_dot_product_attention(qg, keys, values, attn_mask=part.mask)  # (Bp, nkv, rep*Tp, hd)
+        return y.view(B, cfg.n_heads, T, hd).transpose(1, 2).reshape(B, T, cfg.n_heads * hd)
 
 
 class MLP(nn.Module):
@@ -161,15 +177,55 @@ class Block(nn.Module):
 
 
 @dataclass
-class BatchMeta:
-    """Where a ragged batch's new tokens go in the cache and what each may attend to."""
+class AttnPart:
+    """Sequences whose queries attend in one call: Bp sequences, each padded to Tp queries."""
 
-    slots: torch.Tensor  # (B,) long: cache slot of each sequence
-    positions: torch.Tensor  # (B, T) long: absolute position of each new token
-    write_pos: torch.Tensor  # (B, T) long: positions, padding sent to the cache's scratch column
-    read_index: slice | torch.Tensor  # slots as a slice when consecutive, for copy-free reads
-    span: int  # S: keys to read, max over the batch of (length + new tokens)
-    mask: torch.Tensor  # (B, 1, rep*T, S) bool: key s visible to query t (repeated per query head)
+    shape: tuple[int, int]  # (Bp, Tp)
+    read_index: slice | torch.Tensor  # their cache slots (a slice when consecutive: no copy)
+    span: int  # S: keys to read
+    mask: torch.Tensor  # (Bp, 1, rep*Tp, S) bool: key s visible to query t (repeated per query head)
+    src: Optional[torch.Tensor] = None  # (n,) long: the part's queries' rows in the packed batch
+    dst: Optional[torch.Tensor] = None  # (n,) long: the same queries' rows in the (Bp*Tp) padding
+
+
+@dataclass
+class BatchMeta:
+    """Where a ragged batch's new tokens go in the cache and which keys each attends to."""
+
+    positions: torch.Tensor  # (B, T) long: absolute position of each new token (padding included)
+    pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch; None: all valid
+    write_slots: torch.Tensor  # (N,) long: the cache slot of each new token
+    write_pos: torch.Tensor  # (N,) long: its position there
+    parts: list[AttnPart]  # one part when every row is full, else the two below
+
+
+def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
+    """(Bp, Tp) positions -> (Bp, 1, rep*Tp, span) bool causal mask, repeated per folded query head."""
+    s = torch.arange(span, device=positions.device)
+    return (s[None, None, :] <= positions[:, :, None])[:, None].repeat(1, 1, rep, 1)
+
+
+def attention_parts(slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tensor, rep: int,
+                    slot_index: Callable[[torch.Tensor], slice | torch.Tensor]) -> list[AttnPart]:
+    """Split a ragged batch's attention so that padding costs little: every sequence's first new
+    token in one part (B x 1, no padding), the later tokens of the sequences with more than one
+    in a second (padded to the longest, minus one). Packed row of token t of sequence b is
+    first[b] + t, first = exclusive cumsum of n_new."""
+    B = len(slots)
+    first = torch.cumsum(n_new, 0) - n_new  # (B,)
+    parts = [AttnPart((B, 1), slot_index(slots), int((start + 1).max()), _visible(start[:, None], int((start + 1).max()), rep),
+                      first, torch.arange(B, device=slots.device))]
+    sub = (n_new > 1).nonzero().squeeze(1)  # (Bs,)
+    if len(sub):
+        Tp = int(n_new.max()) - 1
+        t = torch.arange(Tp, device=slots.device)
+        pos = start[sub, None] + 1 + t[None, :]  # (Bs, Tp)
+        valid = t[None, :] < (n_new[sub] - 1)[:, None]  # (Bs, Tp)
+        span = int((start[sub] + n_new[sub]).max())
+        src = (first[sub, None] + 1 + t[None, :])[valid]  # (n,)
+        dst = torch.arange(len(sub) * Tp, device=slots.device).view(len(sub), Tp)[valid]  # (n,)
+        parts.append(AttnPart((len(sub), Tp), slot_index(slots[sub]), span, _visible(pos, span, rep), src, dst))
+    return parts
 
 
 class Transformer(nn.Module):
@@ -234,23 +290,30 @@ class Transformer(nn.Module):
         end = start + n_new  # (B,)
         if int(end.max()) > cache.max_len:
             raise ValueError(f"sequence exceeds the context of {cache.max_len} tokens")
-        valid = t[None, :] < n_new[:, None]  # (B, T)
-        write_pos = torch.where(valid, positions, torch.full_like(positions, cache.max_len))
-        span = int(end.max())
-        s = torch.arange(span, device=dev)
-        mask = (s[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
         rep = self.cfg.n_heads // self.cfg.n_kv_heads
-        mask = mask.repeat(1, 1, rep, 1)  # (B, 1, rep*T, S): query heads folded per KV head
-        meta = BatchMeta(slots, positions, write_pos, cache.slot_index(slots), span, mask)
-        pos_c = positions.clamp(max=self.cfg.max_seq_len)
-        cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (B, T, hd/2)
-        x = self.embed(tokens)  # (B, T, dim)
+        if int(n_new.sum()) == B * T:  # every row full: one part, no packing
+            pack = None
+            parts = [AttnPart((B, T), cache.slot_index(slots), int(end.max()), _visible(positions, int(end.max()), rep))]
+        else:  # per-token layers run on the N valid tokens only; attention in two parts
+            pack = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,)
+            parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
+        write_slots = slots[:, None].expand(B, T).flatten()  # (B*T,)
+        pos_c = positions.clamp(max=self.cfg.max_seq_len).flatten()  # (B*T,)
+        tokens, write_pos = tokens.flatten(), positions.flatten()
+        if pack is not None:
+            tokens, write_slots, write_pos, pos_c = tokens[pack], write_slots[pack], write_pos[pack], pos_c[pack]
+        meta = BatchMeta(positions, pack, write_slots, write_pos, parts)
+        cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (N, hd/2)
+        x = self.embed(tokens)  # (N, dim)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache, meta)
         cache.advance(slots, n_new)
         if not logits:
             return None
-        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+        out = self.lm_head(self.norm(x)).float()  # (N, V)
+        if pack is None:
+            return out.view(B, T, -1)
+        return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, pack, out).view(B, T, -1)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
