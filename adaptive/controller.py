@@ -140,11 +140,12 @@ class Controller:
     def observe(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray,
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
-                finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None) -> None:
+                finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None,
+                overhead_passes: int = 0) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
         this controller computed in the step's verify; a remote replica passes its own).
         `overhead_s`: a step's time outside the model passes, for the cost model (the engine
-        reports its last complete step's)."""
+        reports its last complete step's), and `overhead_passes` that step's draft passes."""
         own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
@@ -155,12 +156,13 @@ class Controller:
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
         n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
         if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
-            over = self.cost.step_overhead_s
-            self.cost_track.append((float(self.cost.target_time(n_tok, ctx)) - over,
-                                    draft_passes * float(self.cost.draft_time(len(seq_ids), ctx)), over,
-                                    target_s, draft_s, overhead_s))
+            o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
+            self.cost_track.append((float(self.cost.target_time(n_tok, ctx)) - o_step,
+                                    draft_passes * (float(self.cost.draft_time(len(seq_ids), ctx)) - o_pass),
+                                    o_step + o_pass * draft_passes, target_s, draft_s, overhead_s))
         if self.learn_cost:
-            self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s)
+            self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,
+                              overhead_passes)
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
                           draft_s + target_s, draft_s, target_s, context_lens, finished)
         self._call("observe", self.policy.observe, out)

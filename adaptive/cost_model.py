@@ -55,14 +55,18 @@ class CostModel(ABC):
         compute faster (policies price a whole step's table each step)."""
         return np.asarray(self.target_time(np.arange(size), context_tokens), np.float64)
 
-    # Seconds a step takes outside the two models' passes (scheduling, sampling, the controller),
-    # included in `target_time` (a step's own cost, whatever its depth). 0 unless a model learns it.
+    # Seconds a step takes outside the two models' passes (scheduling, sampling, the controller):
+    # `step_overhead_s` every step pays, whatever its depth (included in `target_time`), and
+    # `pass_overhead_s` more for each draft pass (included in `draft_time`). 0 unless a model learns them.
     step_overhead_s: float = 0.0
+    pass_overhead_s: float = 0.0
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
-                draft_passes: int, draft_s: float, overhead_s: float | None = None) -> None:
-        """Refine from one measured step (target pass, `draft_passes` draft passes, and the step's
-        time outside them). Default: no-op."""
+                draft_passes: int, draft_s: float, overhead_s: float | None = None,
+                overhead_passes: int = 0) -> None:
+        """Refine from one measured step (target pass, `draft_passes` draft passes) and one step's
+        time outside its passes (`overhead_s`, of a step with `overhead_passes` draft passes: the
+        engine reports the last complete step's). Default: no-op."""
         return None
 
     def sps(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
@@ -391,10 +395,16 @@ class ProfiledCost(CostModel):
     converges geometrically. `frozen` turns refinement off (exact replays).
 
     A step also costs time outside the two passes: the engine's scheduling, sampling and
-    bookkeeping, and the controller. `step_overhead_s` learns it online (a running mean of what
-    the engine reports) and `target_time` includes it, since every step pays it whatever its
-    depth: on this CPU at batch 1 it is 2-3 ms next to a 6.6 ms target pass, and leaving it out
-    made a step of one token look 30% cheaper than it is, against deeper steps.
+    bookkeeping, and the controller. It is learned online as `step_overhead_s + pass_overhead_s x
+    draft passes` (a least-squares line through what the engine reports, from exponentially
+    weighted moments: a running mean over the first 2 / lr steps, then 2 / lr steps' memory;
+    the slope ridge-shrunk toward its last value, so a run whose passes hardly vary keeps it;
+    both kept >= 0). `target_time`
+    includes the first, since every step pays it whatever its depth: on this CPU at batch 1 it
+    is 1-2 ms next to an 8 ms target pass, and leaving it out made a step of one token look
+    cheaper than it is, against deeper steps. `draft_time` includes the second: each draft
+    pass also samples, features and calls the policy (0.3-0.9 ms a pass here, batch 4 to 64),
+    and leaving it out made drafting look cheaper than it is at batch 64, where it did not pay.
     """
 
     kind: ClassVar[str] = "profiled"
@@ -402,7 +412,8 @@ class ProfiledCost(CostModel):
     def __init__(self, token_grid: Any, ctx_grid: Any, target_s: Any, draft_batch_grid: Any,
                  draft_s: Any, *, lr: float = 0.1, max_step: float = 0.03, frozen: bool = False,
                  target_logcorr: Any = None, draft_logcorr: Any = None, speed_logcorr: float = 0.0,
-                 speed_share: float = 0.67, step_overhead_s: float = 0.0, meta: dict[str, Any] | None = None) -> None:
+                 speed_share: float = 0.67, step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
+                 overhead_moments: Any = None, meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
         self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
         self.batch_grid = np.asarray(draft_batch_grid, np.float64)  # (Nb,) draft batch sizes
@@ -420,10 +431,14 @@ class ProfiledCost(CostModel):
             raise ValueError(f"need 0 < max_step < 1, 0 < lr <= 1, 0 <= speed_share <= 1, got {max_step}, "
                              f"{lr}, {speed_share}")
         self.speed_logcorr, self.speed_share = float(speed_logcorr), float(speed_share)
-        if not (math.isfinite(step_overhead_s) and step_overhead_s >= 0):
-            raise ValueError(f"step_overhead_s must be finite and >= 0, got {step_overhead_s}")
-        self.step_overhead_s = float(step_overhead_s)
-        self._overhead_n = 0 if step_overhead_s == 0 else int(1 / lr)  # observations behind it
+        for name, v in (("step_overhead_s", step_overhead_s), ("pass_overhead_s", pass_overhead_s)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        self.step_overhead_s, self.pass_overhead_s = float(step_overhead_s), float(pass_overhead_s)
+        # weighted moments of (draft passes p, overhead y): n, E[p], E[y], E[p^2], E[p y]
+        self._moments = np.array([0.0 if step_overhead_s == 0 else 2 / lr, 0.0, step_overhead_s, 0.0, 0.0]) \
+            if overhead_moments is None \
+            else np.asarray(overhead_moments, np.float64).reshape(5)
         self.base_target, self.base_draft = _monotone(self.base_target), _monotone(self.base_draft)
         self.lr, self.max_step, self.frozen = float(lr), float(max_step), bool(frozen)
         self.target_logcorr = np.zeros_like(self.base_target) if target_logcorr is None \
@@ -462,7 +477,22 @@ class ProfiledCost(CostModel):
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         if self._dirty:
             self._refresh()
-        return float(self._draft_f(context_tokens, batch_size)) * math.exp(self.speed_logcorr)
+        return float(self._draft_f(context_tokens, batch_size)) * math.exp(self.speed_logcorr) + self.pass_overhead_s
+
+    def _learn_overhead(self, seconds: float, passes: int) -> None:
+        """One step's time outside its passes: move the moments, refit the line (see class doc)."""
+        m = self._moments
+        m[0] += 1
+        y = max(seconds, 0.0)
+        if m[0] > 1:  # an outlier (a pause) counts as at most twice the prediction plus 1 ms
+            y = min(y, 2.0 * (self.step_overhead_s + self.pass_overhead_s * passes) + 1e-3)
+        w = max(self.lr / 2, 1.0 / m[0])
+        m[1:] += w * (np.array([passes, y, passes * passes, passes * y]) - m[1:])
+        var, cov = m[3] - m[1] ** 2, m[4] - m[1] * m[2]
+        # ridge toward the current slope: little spread in the passes (a run that stopped drafting)
+        # keeps what was learned instead of fitting noise
+        self.pass_overhead_s = max((cov + 0.05 * self.pass_overhead_s) / (max(var, 0.0) + 0.05), 0.0)
+        self.step_overhead_s = max(m[2] - self.pass_overhead_s * m[1], 0.0)
 
     def _correct(self, logcorr: np.ndarray, cols: np.ndarray, x: float, ctx: float, observed: float,
                  predicted: float) -> float | None:
@@ -478,27 +508,23 @@ class ProfiledCost(CostModel):
         return r
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
-                draft_passes: int, draft_s: float, overhead_s: float | None = None) -> None:
+                draft_passes: int, draft_s: float, overhead_s: float | None = None,
+                overhead_passes: int = 0) -> None:
         """Bounded multiplicative correction of the cells around this step (see class doc).
         The draft's time is attributed per pass at `draft_batch` (its first, largest pass).
-        `overhead_s` moves the learned step overhead by `lr` of the way (by 1/n over the first
-        n < 1/lr observations, a running mean), an outlier (a pause) counted as at most twice the
-        current value plus 1 ms."""
+        `overhead_s` (of a step with `overhead_passes` draft passes) refits the overhead line."""
         if self.frozen:
             return
         if overhead_s is not None and math.isfinite(overhead_s):
-            self._overhead_n += 1  # a running mean at first (nothing to start from), then lr of the way
-            seen = max(overhead_s, 0.0)
-            if self._overhead_n > 1:
-                seen = min(seen, 2.0 * self.step_overhead_s + 1e-3)
-            self.step_overhead_s += max(self.lr, 1.0 / self._overhead_n) * (seen - self.step_overhead_s)
+            self._learn_overhead(overhead_s, overhead_passes)
         ratios = []
         if n_tokens > 0:
             ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
                                         self.target_time(n_tokens, context_tokens) - self.step_overhead_s))
         if draft_passes > 0 and draft_batch > 0:
             ratios.append(self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
-                                        draft_s / draft_passes, self.draft_time(draft_batch, context_tokens)))
+                                        draft_s / draft_passes,
+                                        self.draft_time(draft_batch, context_tokens) - self.pass_overhead_s))
         ratios = [r for r in ratios if r is not None]
         if ratios:  # the shared speed: both models' evidence, averaged
             bound = math.log1p(self.max_step) * self.speed_share
@@ -511,7 +537,8 @@ class ProfiledCost(CostModel):
                 "draft_s": self.base_draft.tolist(), "lr": self.lr, "max_step": self.max_step,
                 "frozen": self.frozen, "target_logcorr": self.target_logcorr.tolist(),
                 "draft_logcorr": self.draft_logcorr.tolist(), "speed_logcorr": self.speed_logcorr,
-                "speed_share": self.speed_share, "step_overhead_s": self.step_overhead_s, "meta": self.meta}
+                "speed_share": self.speed_share, "step_overhead_s": self.step_overhead_s,
+                "pass_overhead_s": self.pass_overhead_s, "overhead_moments": self._moments.tolist(), "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

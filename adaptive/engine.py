@@ -150,7 +150,7 @@ class Engine:
         self.queue: deque[tuple[Request, RequestOutput]] = deque()
         self.running: dict[int, tuple[Request, RequestOutput]] = {}  # slot -> request
         self.step_no = 0
-        self._overhead_s: float | None = None  # the last step's time outside the model passes
+        self._overhead: tuple[float, int] | None = None  # the last step's time outside the passes; its draft passes
         self.seq_no = 0
         self.stats = EngineStats(pos_verified=np.zeros(runner.max_depth, np.int64),
                                  pos_accepted=np.zeros(runner.max_depth, np.int64))
@@ -211,9 +211,10 @@ class Engine:
         self._commit(res)
         t_obs = time.perf_counter()
         if ctl:
+            over_s, over_passes = self._overhead or (None, 0)
             ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
                         res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
-                        np.array(self.finished_ids, dtype=np.int64), overhead_s=self._overhead_s)
+                        np.array(self.finished_ids, dtype=np.int64), overhead_s=over_s, overhead_passes=over_passes)
         st = self.stats
         st.steps += 1
         st.draft_s += res.draft_s
@@ -221,9 +222,9 @@ class Engine:
         st.control_s += t_plan + res.policy_s + time.perf_counter() - t_obs
         # time outside the model passes (scheduling, sampling, bookkeeping, the controller), reported
         # to the cost model at the next step (this one's observe is part of it)
-        self._overhead_s = max(time.perf_counter() - t_step - res.draft_s - res.target_s, 0.0)
+        self._overhead = (max(time.perf_counter() - t_step - res.draft_s - res.target_s, 0.0), res.draft_passes)
         st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
-                            len(res.slots), self._overhead_s))
+                            len(res.slots), self._overhead[0]))
         self.step_no += 1
 
     def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:

@@ -224,3 +224,23 @@ def test_profiled_learns_the_step_overhead_apart_from_the_pass():
     assert c.step_overhead_s < 2e-3 * 1.2  # counted as at most 2x + 1 ms, at a tenth of the way
     assert make_profiled().to_dict()["step_overhead_s"] == 0.0
     assert CostModel.from_dict(c.to_dict()).step_overhead_s == c.step_overhead_s
+
+
+def test_profiled_learns_what_each_draft_pass_costs_outside_the_passes():
+    c = make_profiled()
+    pure = c.draft_time(8, 2000)
+    rng = np.random.default_rng(0)
+    for _ in range(400):  # 1 ms every step, 0.5 ms more per draft pass, +-0.2 ms of noise
+        p = int(rng.integers(0, 5))
+        c.observe(24, 2000, c.target_time(24, 2000) - c.step_overhead_s, 8, 0, 0.0,
+                  overhead_s=1e-3 + 5e-4 * p + rng.uniform(-2e-4, 2e-4), overhead_passes=p)
+    assert c.step_overhead_s == pytest.approx(1e-3, rel=0.15)
+    assert c.pass_overhead_s == pytest.approx(5e-4, rel=0.15)
+    assert c.draft_time(8, 2000) == pytest.approx(pure + c.pass_overhead_s)  # a pass's price includes it
+    back = CostModel.from_dict(c.to_dict())
+    assert (back.step_overhead_s, back.pass_overhead_s) == (c.step_overhead_s, c.pass_overhead_s)
+    slope = c.pass_overhead_s
+    for _ in range(400):  # a run that stops drafting: what a pass costs is not forgotten
+        c.observe(24, 2000, c.target_time(24, 2000) - c.step_overhead_s, 8, 0, 0.0,
+                  overhead_s=1e-3 + rng.uniform(-2e-4, 2e-4))
+    assert c.pass_overhead_s == pytest.approx(slope, rel=0.2) and c.step_overhead_s == pytest.approx(1e-3, rel=0.15)
