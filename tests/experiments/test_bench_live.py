@@ -1,0 +1,28 @@
+"""bench_live's ECE floor: the ECE that finite samples alone give a perfectly calibrated model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from experiments.bench_live import ece_floor
+
+
+def tally(n: int, seed: int, bias: float = 0.0) -> np.ndarray:
+    """(15, 3) n, sum predicted, sum realised, of n predictions whose outcomes come from p + bias."""
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(size=n)
+    y = rng.uniform(size=n) < np.clip(p + bias, 0, 1)
+    m = np.zeros((15, 3))
+    np.add.at(m, np.minimum((p * 15).astype(int), 14), np.stack([np.ones(n), p, y], 1))
+    return m
+
+
+def ece(m: np.ndarray) -> float:
+    return float(np.abs(m[:, 1] - m[:, 2]).sum() / m[:, 0].sum())
+
+
+def test_the_floor_is_what_a_calibrated_model_scores_and_shrinks_with_the_sample():
+    small = [ece(tally(2000, s)) for s in range(40)]
+    assert abs(ece_floor(tally(2000, 0)) - np.mean(small)) < 0.004  # ~0.027 at 2000 predictions
+    assert ece_floor(tally(50_000, 0)) < ece_floor(tally(2000, 0)) / 4  # ~1 / sqrt(n)
+    assert ece(tally(2000, 0, bias=0.08)) > 2 * ece_floor(tally(2000, 0))  # a miscalibration stands out
