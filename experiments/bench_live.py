@@ -12,8 +12,9 @@ shared machine fall on all policies alike; a policy's figure is its median over 
 Prefill of newly admitted requests is not timed: it is the same work for every policy, and in a
 fixed number of steps a faster policy starts more requests whose tokens it has not yet emitted,
 so timing it charged the faster policies more per counted token (at batch 64, 48 new tokens per
-request, prefill was ~45% of the wall time and moved ratios by up to 15%). Also printed: calibration of predicted survival after warm-up (ECE, Brier) pooled over the
-dspark runs, the cost model's prediction error against measured step times during the dspark
+request, prefill was ~45% of the wall time and moved ratios by up to 15%). Also printed:
+calibration of predicted survival after warm-up (ECE, its finite-sample floor, Brier) pooled over
+the dspark runs, the cost model's prediction error against measured step times during the dspark
 runs, and the controller's own time per step. Ratios are measured side by side in this one run;
 absolute tokens/s move with the machine's load.
 """

@@ -196,7 +196,7 @@ class BatchMeta:
     pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch; None: all valid
     write_slots: torch.Tensor  # (N,) long: the cache slot of each new token
     write_pos: torch.Tensor  # (N,) long: its position there
-    parts: list[AttnPart]  # one part when every row is full, else the two below
+    parts: list[AttnPart]  # one part when every row is full, else the two of `attention_parts`
 
 
 def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
@@ -213,7 +213,8 @@ def attention_parts(slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tenso
     first[b] + t, first = exclusive cumsum of n_new."""
     B = len(slots)
     first = torch.cumsum(n_new, 0) - n_new  # (B,)
-    parts = [AttnPart((B, 1), slot_index(slots), int((start + 1).max()), _visible(start[:, None], int((start + 1).max()), rep),
+    span1 = int((start + 1).max())
+    parts = [AttnPart((B, 1), slot_index(slots), span1, _visible(start[:, None], span1, rep),
                       first, torch.arange(B, device=slots.device))]
     sub = (n_new > 1).nonzero().squeeze(1)  # (Bs,)
     if len(sub):
@@ -293,7 +294,8 @@ class Transformer(nn.Module):
         rep = self.cfg.n_heads // self.cfg.n_kv_heads
         if int(n_new.sum()) == B * T:  # every row full: one part, no packing
             pack = None
-            parts = [AttnPart((B, T), cache.slot_index(slots), int(end.max()), _visible(positions, int(end.max()), rep))]
+            span = int(end.max())
+            parts = [AttnPart((B, T), cache.slot_index(slots), span, _visible(positions, span, rep))]
         else:  # per-token layers run on the N valid tokens only; attention in two parts
             pack = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,)
             parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
