@@ -88,17 +88,32 @@ def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, step
     return {s: (sum(len(o.output_ids) for o in outs[s]) / wall[s], *engines[s]) for s in specs}
 
 
-def cost_error(eng: Engine, ctl: Controller) -> tuple[float, float]:
+def cost_error(eng: Engine, ctl: Controller) -> tuple[float, float, float]:
     """Median |predicted - measured| / measured of the target pass, and of the whole step (the
-    passes and the time outside them), each prediction made before its step was learned from.
+    passes and the time outside them), each prediction made before its step was learned from;
+    and the median signed error of the whole step (> 0: the model overprices steps).
     (A step's own time outside the passes is only known once it ends: the engine reports it
     with the next step, so the first step has no row and row k is step k + 1 of the log.)"""
     tgt, step = [], []
     for (p_t, p_d, p_o, t_s, d_s, _), log in zip(ctl.cost_track, eng.stats.step_log[1:]):
         o_s = log[6]
         tgt.append(abs(p_t - t_s) / t_s)
-        step.append(abs(p_t + p_d + p_o - t_s - d_s - o_s) / (t_s + d_s + o_s))
-    return float(np.median(tgt)), float(np.median(step))
+        step.append((p_t + p_d + p_o - t_s - d_s - o_s) / (t_s + d_s + o_s))
+    return float(np.median(tgt)), float(np.median(np.abs(step))), float(np.median(step))
+
+
+def timing_noise(eng: Engine, width: int = 9) -> float:
+    """Median |t - m| / m of the target pass time t of each step against the median m of the
+    `width` steps around it, for an engine whose steps all have one shape (`off`: one token per
+    sequence, a full batch; contexts drift slowly): what jitter alone costs a cost model that
+    predicted every step perfectly from its shape, the floor under `cost_error` (a little under the
+    jitter: a step is in its own window). NaN on too few steps."""
+    t = np.array([log[3] for log in eng.stats.step_log])  # (steps,) target pass seconds
+    if len(t) < width:
+        return float("nan")
+    m = np.median(np.lib.stride_tricks.sliding_window_view(t, width), axis=1)  # (steps - width + 1,)
+    h = width // 2
+    return float(np.median(np.abs(t[h:len(t) - h] - m) / m))
 
 
 def pooled_calibration(models: list[AcceptanceModel]) -> tuple[float, float, int, float]:
@@ -150,13 +165,15 @@ def main() -> None:
     order = random.Random(0)
     for b in batches:
         steps = args.steps or max(96, 384 // b)
-        models, err = [], []
+        models, err, noise = [], [], []
         for rnd in range(args.rounds):
             results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order)
             for spec in policies:
                 tps, eng, ctl = results[spec]
                 runs.setdefault((spec, b), []).append(tps)
                 ctl_ms.setdefault((spec, b), []).append(eng.stats.control_s / max(eng.stats.steps, 1) * 1e3)
+                if spec == "off":
+                    noise.append(timing_noise(eng))
                 if spec == "dspark":
                     err.append(cost_error(eng, ctl))
                     models.append(ctl.acceptance)
@@ -167,7 +184,7 @@ def main() -> None:
         if models:
             cal.append(pooled_calibration(models))
             all_models += models
-            errs.append(tuple(np.median(np.array(err), axis=0)))
+            errs.append((*np.median(np.array(err), axis=0), float(np.median(noise)) if noise else float("nan")))
     table = {k: float(np.median(v)) for k, v in runs.items()}
     print(f"\ntokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)\n")
     print("| policy | " + " | ".join(f"batch {b}" for b in batches) + " |")
@@ -193,8 +210,11 @@ def main() -> None:
         e, br, n, f = pooled_calibration(all_models)
         print(f"calibration pooled over every batch size: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} "
               f"({n} verified positions)")
-        print("cost model vs measured (dspark runs, median abs error of each step's prediction): " + ", ".join(
-            f"batch {b}: target pass {t:.1%}, whole step {s:.1%}" for b, (t, s) in zip(batches, errs)))
+        print("cost model vs measured (dspark runs, median abs error of each step's prediction; 'bias': "
+              "median signed error, > 0 overpriced; 'jitter': the same-shape steps of off against their "
+              "neighbours, the floor a perfect model would show): " + ", ".join(
+                  f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%}, jitter {j:.1%})"
+                  for b, (t, s, bi, j) in zip(batches, errs)))
 
 
 if __name__ == "__main__":
