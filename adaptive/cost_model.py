@@ -483,9 +483,12 @@ class ProfiledCost(CostModel):
         """One step's time outside its passes: move the moments, refit the line (see class doc)."""
         m = self._moments
         m[0] += 1
-        y = max(seconds, 0.0)
-        if m[0] > 1:  # an outlier (a pause) counts as at most twice the prediction plus 1 ms
-            y = min(y, 2.0 * (self.step_overhead_s + self.pass_overhead_s * passes) + 1e-3)
+        # an outlier counts as at most twice the prediction plus 1 ms, from the very first step: an
+        # engine's first step pays one-off allocations and first calls (0.53 s at batch 64 here),
+        # and taken at face value it set a 0.5 s overhead on every step that took ~60 steps to
+        # decay, next to which deep drafts looked free (dspark drafted 3-8 deep at batch 64 and
+        # ran at 0.69-0.8x off). A true overhead above the cap is reached by doubling in a few steps.
+        y = min(max(seconds, 0.0), 2.0 * (self.step_overhead_s + self.pass_overhead_s * passes) + 1e-3)
         w = max(self.lr / 2, 1.0 / m[0])
         m[1:] += w * (np.array([passes, y, passes * passes, passes * y]) - m[1:])
         var, cov = m[3] - m[1] ** 2, m[4] - m[1] * m[2]
