@@ -256,3 +256,18 @@ def test_a_first_step_s_one_off_overhead_does_not_price_every_step():
     for _ in range(8):  # the real overhead, 3 ms, is reached within a few steps
         c.observe(24, 2000, c.target_time(24, 2000) - c.step_overhead_s, 8, 0, 0.0, overhead_s=3e-3)
     assert c.step_overhead_s == pytest.approx(3e-3, rel=0.1)
+
+
+def test_profiled_learns_the_engine_s_draft_pass_quickly():
+    """The engine's draft pass (catch-up tokens, features) took 3x the profiled forward at batch
+    64 on the bundled pair; a policy that drafts now and then gives few observations, so the
+    draft's price must converge within tens of drafting steps, not hundreds."""
+    c = make_profiled()
+    pure = c.draft_time(8, 2000)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        c.observe(24, 2000, c.target_time(24, 2000), 8, 2, 2 * 3 * pure * rng.uniform(0.9, 1.1))
+    assert c.draft_time(8, 2000) == pytest.approx(3 * pure, rel=0.1)
+    assert c.target_time(24, 2000) == pytest.approx(make_profiled().target_time(24, 2000), rel=0.1)  # the target's stays
+    back = CostModel.from_dict(c.to_dict())
+    assert back.draft_time(8, 2000) == pytest.approx(c.draft_time(8, 2000))
