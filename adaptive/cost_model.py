@@ -405,6 +405,9 @@ class ProfiledCost(CostModel):
     cheaper than it is, against deeper steps. `draft_time` includes the second: each draft
     pass also samples, features and calls the policy (0.3-0.9 ms a pass here, batch 4 to 64),
     and leaving it out made drafting look cheaper than it is at batch 64, where it did not pay.
+    Each outlier (a first step's one-off allocations and first calls, a pause) counts as at most
+    twice the prediction plus 1 ms. The draft pass as the engine runs it also has its own fast
+    log-ratio to the table (`_learn_draft_ratio`).
     """
 
     kind: ClassVar[str] = "profiled"
