@@ -486,6 +486,10 @@ class ProfiledCost(CostModel):
         return float(self._draft_f(context_tokens, batch_size)) * math.exp(self.speed_logcorr + self.draft_ratio_logcorr) \
             + self.pass_overhead_s
 
+    def _pass_time(self, batch_size: int, context_tokens: int) -> float:
+        """One draft pass's predicted time without the overhead outside it."""
+        return self.draft_time(batch_size, context_tokens) - self.pass_overhead_s
+
     def _learn_draft_ratio(self, observed: float, predicted: float) -> None:
         """The engine's draft pass is not the profiled forward: the first pass of a step catches up
         on the tokens committed since the sequence last drafted (two per row or more), and every
@@ -498,7 +502,8 @@ class ProfiledCost(CostModel):
         if not (math.isfinite(observed) and observed > 0 and predicted > 0):
             return
         self.draft_steps += 1
-        r = min(max(math.log(observed / predicted), -math.log(4.0)), math.log(4.0))
+        bound = math.log(4.0)
+        r = min(max(math.log(observed / predicted), -bound), bound)
         self.draft_ratio_logcorr += max(self.lr / 2, 1.0 / self.draft_steps) * r
 
     def _learn_overhead(self, seconds: float, passes: int) -> None:
@@ -547,10 +552,11 @@ class ProfiledCost(CostModel):
             ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
                                         self.target_time(n_tokens, context_tokens) - self.step_overhead_s))
         if draft_passes > 0 and draft_batch > 0:
-            self._learn_draft_ratio(draft_s / draft_passes, self.draft_time(draft_batch, context_tokens) - self.pass_overhead_s)
+            per_pass = draft_s / draft_passes
+            self._learn_draft_ratio(per_pass, self._pass_time(draft_batch, context_tokens))
+            # the cells then learn what the ratio left: the prediction is taken again after it moved
             ratios.append(self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
-                                        draft_s / draft_passes,
-                                        self.draft_time(draft_batch, context_tokens) - self.pass_overhead_s))
+                                        per_pass, self._pass_time(draft_batch, context_tokens)))
         ratios = [r for r in ratios if r is not None]
         if ratios:  # the shared speed: both models' evidence, averaged
             bound = math.log1p(self.max_step) * self.speed_share

@@ -3,9 +3,9 @@ cost error that timing jitter alone gives a perfect cost model."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from types import SimpleNamespace
+
+import numpy as np
 
 from experiments.bench_live import ece_floor, timing_noise
 
