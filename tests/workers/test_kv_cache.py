@@ -3,11 +3,13 @@ alone (full causal recompute, no cache), across random prefill / forward / rollb
 
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers.kv_cache import KVCache
+import workers.model
 from workers.model import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
@@ -20,11 +22,18 @@ op = st.tuples(st.integers(0, 3), st.sampled_from(["forward", "rollback"]),
                st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=9))
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.fixture(params=[0.0, 1e9], ids=["two-parts", "padded"])
+def pad_limit(request, monkeypatch):
+    """Both ways a ragged batch attends: every ragged batch split in two parts, or padded."""
+    monkeypatch.setattr(workers.model, "PAD_LIMIT", request.param)
+    return request.param
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompts=st.lists(st.lists(st.integers(0, 49), min_size=1, max_size=12), min_size=4, max_size=4),
        program=st.lists(st.lists(op, min_size=1, max_size=4), min_size=1, max_size=6),
        slot_order=st.permutations(list(range(6))))
-def test_ragged_forward_matches_each_sequence_alone(prompts, program, slot_order):
+def test_ragged_forward_matches_each_sequence_alone(pad_limit, prompts, program, slot_order):
     cache = KVCache(CFG.n_layers, 6, CFG.n_kv_heads, CFG.hd, CFG.max_seq_len, torch.float32, "cpu")
     for s in range(6):  # allocate in a shuffled order so slots are not always consecutive
         cache.allocate()
