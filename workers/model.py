@@ -3,7 +3,7 @@
 Read top to bottom: config, norm, rotary embedding, attention, MLP, block, model. One forward
 serves prefill, drafting and verification: each sequence in the batch brings its own number of
 new tokens (1..T), and every new token gets logits in ONE call. Only attention sees the batch
-padded to (B, T) (or, when that padding is extreme, in two parts: `attention_parts`); every
+padded to (B, T) (or, when padding would cost more, in two parts: `attention_parts`); every
 per-token layer (projections, MLP, norms, LM head) runs on the packed valid tokens, so a ragged
 verify pass costs its real token count, not B x T. The KV
 cache is preallocated (one slot per running sequence); rolling back rejected positions is just
@@ -206,29 +206,32 @@ def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
     return (s[None, None, :] <= positions[:, :, None])[:, None].repeat(1, 1, rep, 1)
 
 
-# A ragged batch attends as one (B, T) part, padded, while B x T <= PAD_LIMIT x N valid tokens.
-# Padded queries cost little next to reading each sequence's keys, which a split reads twice: on
-# the bundled pair (2-core CPU) one padded part was 4-18% faster per verify pass than two parts at
-# batch 4-64 with ~150 keys per sequence, and 0-30% faster at 1,000-4,000 keys even 4.6x padded.
-PAD_LIMIT = 8.0
+# A ragged batch attends as one (B, T) part, padded, while its B x T queries are at most PAD_LIMIT x
+# the queries of the two-part split (`attention_parts`). Padding reads each sequence's keys once,
+# the split reads the longer rows' keys twice and pays a second call, but padded queries cost
+# compute. On the bundled pair (2-core CPU, ~200 keys per sequence) padding was 4-13% faster
+# where most rows were longer than 1 (the draft's catch-up pass, dense verifies), and 7-33%
+# slower with one long row among many of 1 (6-8x the split's queries).
+PAD_LIMIT = 1.5
 
 
 def attention_parts(slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tensor, rep: int,
                     slot_index: Callable[[torch.Tensor], slice | torch.Tensor],
                     pad_limit: float | None = None) -> list[AttnPart]:
-    """How a ragged batch's queries attend. One part, the batch padded to (B, T), unless that
-    padding exceeds `pad_limit` x the N valid tokens (one long row among many short ones); then
-    two: every sequence's first new token (B x 1, no padding), and the later tokens of the
-    sequences with more than one (padded to the longest, minus one). Packed row of token t of
-    sequence b is first[b] + t, first = exclusive cumsum of n_new. `pad_limit`: PAD_LIMIT if None."""
-    B, T, N = len(slots), int(n_new.max()), int(n_new.sum())
-    if B * T <= (PAD_LIMIT if pad_limit is None else pad_limit) * N:
+    """How a ragged batch's queries attend: one part, the batch padded to (B, T), or two: every
+    sequence's first new token (B x 1, no padding), and the later tokens of the Bs sequences with
+    more than one (padded to the longest, minus one). Padded when B x T <= `pad_limit` (PAD_LIMIT
+    if None) x (B + Bs (T - 1)). Packed row of token t of sequence b is first[b] + t, first =
+    exclusive cumsum of n_new."""
+    B, T = len(slots), int(n_new.max())
+    n_sub = int((n_new > 1).sum())
+    if B * T <= (PAD_LIMIT if pad_limit is None else pad_limit) * (B + n_sub * (T - 1)):
         t = torch.arange(T, device=slots.device)
         pos = start[:, None] + t[None, :]  # (B, T); padded queries see stale keys, and are dropped
         span = int((start + n_new).max())
         dst = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,) rows in the padding
         return [AttnPart((B, T), slot_index(slots), span, _visible(pos, span, rep),
-                         torch.arange(N, device=slots.device), dst)]
+                         torch.arange(len(dst), device=slots.device), dst)]
     first = torch.cumsum(n_new, 0) - n_new  # (B,)
     span1 = int((start + 1).max())
     parts = [AttnPart((B, 1), slot_index(slots), span1, _visible(start[:, None], span1, rep),
