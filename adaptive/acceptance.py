@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from adaptive.kernels import calibrate_kernel
+
 EPS = 1e-6
 IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
 Z_EDGES = np.linspace(-6.0, 6.0, 25)  # logit(top1) bin edges: 26 bins, 0.5 wide inside
@@ -154,7 +156,7 @@ class AcceptanceModel:
     def _global_conf(self, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) global-model confidences, no per-sequence shift."""
         w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
-        return _sigmoid(_linear(top1, entropy, w))
+        return calibrate_kernel(top1, entropy, w, np.zeros(len(top1)), EPS)  # 0 where top1 is 0
 
     def rates(self, K: int) -> np.ndarray:
         """(K,) global conditional acceptance rate per position, as of the last fit."""
@@ -205,8 +207,8 @@ class AcceptanceModel:
         top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
         shift = self._seq_shift(seq_ids, (2, 3))  # (B,)
         w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
-        z = _linear(top1, entropy, w) + shift[:, None]
-        return np.where(top1 > 0, _sigmoid(z), 0.0)
+        # = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None]), 0.0), compiled
+        return calibrate_kernel(top1, entropy, w, shift, EPS)
 
     def prior_conf(self, seq_ids: np.ndarray, K: int) -> np.ndarray:
         """(B, K) history-based confidences before drafting.
@@ -323,7 +325,10 @@ class AcceptanceModel:
             s = np.cumprod(c, axis=1)[tested]  # predicted survival of verified positions
             r = y[tested]
             b = np.minimum((s * nb).astype(np.int64), nb - 1)
-            np.add.at(self.metrics[k], b, np.stack([np.ones_like(s), s, r], axis=1))
+            m = self.metrics[k]  # (nb, 3): n, sum predicted, sum realised per bin
+            m[:, 0] += np.bincount(b, minlength=nb)
+            m[:, 1] += np.bincount(b, s, nb)
+            m[:, 2] += np.bincount(b, r, nb)
             self.brier_sum[k] += float(((s - r) ** 2).sum())
 
     def _update_seqs(self, rows: list[int], counted: np.ndarray, y: np.ndarray,

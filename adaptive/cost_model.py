@@ -15,6 +15,7 @@ is what a pass has to read. `parse_cost` turns a CLI spec into a model.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from abc import ABC, abstractmethod
@@ -329,8 +330,9 @@ def _update_weights(x: float, grid: np.ndarray) -> list[tuple[int, float]]:
         return [(0, 1.0)]
     if x >= grid[-1]:
         return [(len(grid) - 2, 1.0), (len(grid) - 1, 1.0)]
-    i0, i1, w = _cells(np.float64(x), grid)
-    return [(int(i0), 1.0 - float(w)), (int(i1), float(w))]
+    i0 = bisect.bisect_right(grid, x) - 1  # as `_cells` for one x inside the grid, in plain Python
+    w = (float(x) - float(grid[i0])) / (float(grid[i0 + 1]) - float(grid[i0]))
+    return [(i0, 1.0 - w), (i0 + 1, w)]
 
 
 def _isotonic(y: np.ndarray) -> np.ndarray:
@@ -375,8 +377,9 @@ def _monotone_fast(table: np.ndarray) -> np.ndarray:
     out = table
     for axis in (1, 0):
         up = np.maximum.accumulate(out, axis=axis)
-        down = np.flip(np.minimum.accumulate(np.flip(out, axis=axis), axis=axis), axis=axis)
-        out = 0.5 * (up + down)
+        rev = out[:, ::-1] if axis == 1 else out[::-1]  # np.flip without its per-call overhead
+        down = np.minimum.accumulate(rev, axis=axis)
+        out = 0.5 * (up + (down[:, ::-1] if axis == 1 else down[::-1]))
     return out
 
 

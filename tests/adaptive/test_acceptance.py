@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.acceptance import AcceptanceConfig, AcceptanceModel, calibration_error
+from adaptive.acceptance import EPS, AcceptanceConfig, AcceptanceModel, _linear, _sigmoid, calibration_error
+from adaptive.kernels import calibrate_kernel
 
 
 def synthetic_step(rng: np.random.Generator, ids: np.ndarray, J: int = 6, power: float = 2.0,
@@ -141,6 +142,24 @@ def test_state_dict_round_trip_and_determinism():
         np.testing.assert_array_equal(m1.prior_conf(ids, 8), other.prior_conf(ids, 8))
     with pytest.raises(ValueError):
         AcceptanceModel(AcceptanceConfig(max_positions=4)).merge(m1.state_dict())
+
+
+def test_calibrate_kernel_matches_the_numpy_formula():
+    rng = np.random.default_rng(3)
+    for B, J in ((1, 1), (1, 8), (16, 3), (64, 9)):
+        top1 = rng.uniform(0, 1, (B, J))
+        top1[rng.random((B, J)) < 0.2] = 0.0  # padding past a drafted length
+        top1[0, 0] = 1.0  # clipped to 1 - EPS
+        entropy = rng.uniform(-0.1, 5, (B, J))  # negative entropy is read as 0
+        w = rng.normal(0, 3, (J, 4))
+        shift = rng.normal(0, 2, B)
+        ref = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None]), 0.0)
+        got = calibrate_kernel(top1, entropy, w, shift, EPS)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+        assert ((got == 0) == (top1 == 0)).all()
+        # strided views (a policy's first j columns) give the same numbers
+        np.testing.assert_allclose(calibrate_kernel(top1[:, :1], entropy[:, :1], w[:1], shift, EPS), ref[:, :1],
+                                   rtol=1e-12, atol=1e-15)
 
 
 def test_calibrate_is_causal_per_column():
