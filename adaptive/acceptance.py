@@ -141,6 +141,7 @@ class AcceptanceModel:
         self.state_rates = np.full((N_STATES, P), cfg.prior_rate)  # (S, P) as of the fit
         self.state_n = np.zeros((N_STATES, P))  # (S, P) as of the fit
         self.since_fit = 0  # counted observations since the last fit
+        self._plan_logit: dict[int, np.ndarray] = {}  # K -> logit(plan_rates(K)), until the next fit
         self._seq_row: dict[int, int] = {}  # sequence id -> row of seq_stats
         self.seq_stats = np.zeros((0, SEQ_COLS))  # (rows, SEQ_COLS)
         self._free_rows: list[int] = []
@@ -232,7 +233,10 @@ class AcceptanceModel:
         known = rows >= 0
         state[known] = self.seq_stats[rows[known], STATE]
         shift = self._seq_shift(seq_ids, (4, 5))  # (B,)
-        return _sigmoid(_logit(self.plan_rates(K)[state]) + shift[:, None])
+        base = self._plan_logit.get(K)  # the rates change only at a fit: computed once per fit
+        if base is None:
+            base = self._plan_logit[K] = _logit(self.plan_rates(K))  # (S, K)
+        return _sigmoid(base[state] + shift[:, None])
 
     def base_rates(self, K: int) -> tuple[np.ndarray, np.ndarray]:
         """(S, K) planning rates per state, and the observations behind them, as of the last fit.
@@ -377,6 +381,7 @@ class AcceptanceModel:
         self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
         self.state_n = sn.copy()
         self.since_fit = 0
+        self._plan_logit.clear()
 
     def _fit_position(self, cells: np.ndarray, prior: np.ndarray, w: np.ndarray) -> np.ndarray:
         """MAP logistic regression on one position's binned statistics (weights (4,))."""
@@ -435,6 +440,7 @@ class AcceptanceModel:
             self.state_rates[:] = state["state_rates"]
             self.state_n[:] = state["state_n"]
         self.since_fit = int(state["since_fit"])
+        self._plan_logit.clear()
         self._add_seqs(state)
         self.metrics[:] = state["metrics"]
         self.brier_sum[:] = state["brier_sum"]
