@@ -107,8 +107,8 @@ def main() -> None:
         print(f"{n:5d}  {t * 1e3:8.2f}  {t / n * 1e6:9.1f}")
 
     print("\nragged verify passes (context 200 per sequence): per-token layers run on the valid tokens only,"
-          "\nattention padded to batch x longest row (in two parts past 8x padding), so a pass costs about"
-          "\nits tokens, not batch x longest row")
+          "\nattention padded to batch x longest row, or in two parts (every first token; the longer rows"
+          "\npadded) where that pads less than 1/1.5 as much; a pass costs about its tokens, not batch x longest row")
     print("  batch  rows                   tokens  B x T    ms/pass  vs all-1")
     for b in (16, 64):
         base = ragged_pass(pair.target, [1] * b)
