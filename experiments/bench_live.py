@@ -116,12 +116,13 @@ def timing_noise(eng: Engine, width: int = 9) -> float:
     return float(np.median(np.abs(t[h:len(t) - h] - m) / m))
 
 
-def pooled_calibration(models: list[AcceptanceModel]) -> tuple[float, float, int, float]:
+def pooled_calibration(models: list[AcceptanceModel], raw: bool = False) -> tuple[float, float, int, float]:
     """ECE and Brier of predicted survival over several runs' calibration tallies, the count, and
-    the ECE a perfectly calibrated model would show on as many predictions (`ece_floor`)."""
-    m = sum(a.metrics[0] for a in models)  # (bins, 3): n, sum predicted, sum realised
+    the ECE a perfectly calibrated model would show on as many predictions (`ece_floor`).
+    `raw`: of the uncalibrated survival (running product of the draft's top-1), the baseline."""
+    m = sum(a.metrics[int(raw)] for a in models)  # (bins, 3): n, sum predicted, sum realised
     n = m[:, 0].sum()
-    brier = sum(a.brier_sum[0] for a in models)
+    brier = sum(a.brier_sum[int(raw)] for a in models)
     return float(np.abs(m[:, 1] - m[:, 2]).sum() / n), float(brier / n), int(n), ece_floor(m)
 
 
@@ -161,7 +162,7 @@ def main() -> None:
     run_round(pair, policies, warm[:2], 2, 4, 4, cost, acc, random.Random(1))
     runs: dict[tuple[str, int], list[float]] = {}
     ctl_ms: dict[tuple[str, int], list[float]] = {}
-    errs, cal, all_models = [], [], []
+    errs, cal, all_models, full_models = [], [], [], []
     order = random.Random(0)
     for b in batches:
         steps = args.steps or max(96, 384 // b)
@@ -177,6 +178,8 @@ def main() -> None:
                 if spec == "dspark":
                     err.append(cost_error(eng, ctl))
                     models.append(ctl.acceptance)
+                if spec == f"static:k={K}":
+                    full_models.append(ctl.acceptance)  # every drafted position verified: no selection
                 print(f"  batch {b:3d} round {rnd + 1} {spec:14s} {tps:8.1f} tok/s  accept-len "
                       f"{eng.stats.acceptance_length:.2f}  controller {ctl_ms[spec, b][-1]:.2f} ms/step"
                       f"  fallbacks {sum(ctl.fallbacks.values())}", flush=True)
@@ -209,7 +212,12 @@ def main() -> None:
                   for b, (e, br, n, f) in zip(batches, cal)))
         e, br, n, f = pooled_calibration(all_models)
         print(f"calibration pooled over every batch size: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} "
-              f"({n} verified positions)")
+              f"({n} verified positions); uncalibrated (running product of the draft's top-1): ECE "
+              f"{pooled_calibration(all_models, raw=True)[0]:.4f}")
+        if full_models:
+            e, br, n, f = pooled_calibration(full_models)
+            print(f"the same model on static:k={K}'s steps (every drafted position verified, none chosen by the "
+                  f"policy), pooled: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)")
         print("cost model vs measured (dspark runs, median abs error of each step's prediction; 'bias': "
               "median signed error, > 0 overpriced; 'jitter': the same-shape steps of off against their "
               "neighbours, the floor a perfect model would show): " + ", ".join(
