@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.kernels import calibrate_kernel
+from adaptive.kernels import calibrate_kernel, observe_kernel
 
 EPS = 1e-6
 IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
@@ -100,23 +100,11 @@ def _logit(p: np.ndarray | float) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def _features(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
-    """(..., 3) features [log t, -log(1 - t), H] of top-1 probabilities and entropies."""
-    t = _clip(top1, EPS, 1 - EPS)
-    return np.stack([np.log(t), -np.log1p(-t), np.maximum(entropy, 0.0)], axis=-1)
-
-
 def _linear(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray) -> np.ndarray:
     """(B, J) w0 log t + w1 (-log(1 - t)) + w2 H + w3 with per-column weights w (J, 4): the
-    regression's logit, as `(_features(top1, entropy) * w[:, :3]).sum(-1) + w[:, 3]`."""
+    regression's logit on the features [log t, -log(1 - t), H]."""
     t = _clip(top1, EPS, 1 - EPS)
     return w[:, 0] * np.log(t) - w[:, 1] * np.log1p(-t) + w[:, 2] * np.maximum(entropy, 0.0) + w[:, 3]
-
-
-def _cell(top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
-    """Feature-bin index in [0, N_CELLS) of each (top1, entropy)."""
-    zi = np.digitize(_logit(top1), Z_EDGES)
-    return zi * (len(H_EDGES) + 1) + np.digitize(entropy, H_EDGES)
 
 
 def calibration_error(pred: np.ndarray, outcome: np.ndarray, n_bins: int = 15) -> float:
@@ -285,27 +273,17 @@ class AcceptanceModel:
         self._age_idle(seq_ids, d == 0)
         if not d.any():
             return  # nothing was verified: no observation, no calibration pair
-        i = np.arange(1, J + 1)[None, :]  # (1, J) 1-based positions
-        tested = i <= d[:, None]  # (B, J) verified positions
-        counted = tested & (i <= a[:, None] + 1)  # conditional observations
-        y = (i <= a[:, None]).astype(np.float64)  # (B, J) accepted / survived
         own = conf if conf is not None and np.shape(conf) == (B, J) else self.calibrate(seq_ids, top1, entropy)
-        self._record(own, top1, tested, y)
         g_conf = self._global_conf(top1, entropy)  # (B, J)
-        rows = [self._row_for(int(s)) for s in np.ravel(seq_ids)]  # may grow seq_stats: index after
+        rows = np.array([self._row_for(int(s)) for s in np.ravel(seq_ids)], np.int64)  # may grow seq_stats
         state = self.seq_stats[rows, STATE].astype(np.int64)  # (B,) before this step
         g_rate = self.base_rates(J)[0][state]  # (B, J) the planning baseline
-        self._update_seqs(rows, counted, y, g_conf, g_rate)
-        posj = np.broadcast_to(self._pos(J)[None, :], (B, J))
-        np.add.at(self.state_counts, (np.broadcast_to(state[:, None], (B, J))[counted], posj[counted]),
-                  np.stack([np.ones(int(counted.sum())), y[counted]], axis=1))
-        self.seq_stats[rows, STATE] = np.where(d > 0, np.where(a == d, 1, 2), state)
-        pos = posj[counted]
-        cell = _cell(top1[counted], entropy[counted])
-        stats = np.concatenate([np.ones((len(pos), 1)), y[counted][:, None],
-                                _features(top1[counted], entropy[counted])], axis=1)  # (n, 5)
-        np.add.at(self.cells, (pos, cell), stats)
-        self.since_fit += len(pos)
+        self._shift_cache.clear()
+        # the calibration tally, the sequences' histories, the per-state counts and the binned
+        # statistics, in one compiled loop over the verified positions (`observe_kernel`)
+        self.since_fit += observe_kernel(top1, entropy, d, a, np.asarray(own, np.float64), g_conf, g_rate, rows,
+                                         self._pos(J), Z_EDGES, H_EDGES, EPS, self.metrics, self.brier_sum,
+                                         self.seq_stats, self.state_counts, self.cells)
         if self.since_fit >= max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4):
             self.fit()  # every refit_every observations at first, then every quarter of the data seen
 
@@ -322,26 +300,6 @@ class AcceptanceModel:
             self._shift_cache.clear()
             self.seq_stats[rows, :STATE] *= self.config.idle_decay
             self.seq_stats[rows, STATE] = 0
-
-    def _record(self, conf: np.ndarray, top1: np.ndarray, tested: np.ndarray, y: np.ndarray) -> None:
-        nb = self.config.ece_bins
-        for k, c in enumerate((conf, _clip(top1, 0.0, 1.0))):
-            s = np.cumprod(c, axis=1)[tested]  # predicted survival of verified positions
-            r = y[tested]
-            b = np.minimum((s * nb).astype(np.int64), nb - 1)
-            m = self.metrics[k]  # (nb, 3): n, sum predicted, sum realised per bin
-            m[:, 0] += np.bincount(b, minlength=nb)
-            m[:, 1] += np.bincount(b, s, nb)
-            m[:, 2] += np.bincount(b, r, nb)
-            self.brier_sum[k] += float(((s - r) ** 2).sum())
-
-    def _update_seqs(self, rows: list[int], counted: np.ndarray, y: np.ndarray,
-                     g_conf: np.ndarray, g_rate: np.ndarray) -> None:
-        self._shift_cache.clear()
-        m = counted.astype(np.float64)
-        upd = np.stack([(m * y).sum(1), (m * (1 - y)).sum(1), (m * g_conf).sum(1),
-                        (m * (1 - g_conf)).sum(1), (m * g_rate).sum(1), (m * (1 - g_rate)).sum(1)], 1)
-        np.add.at(self.seq_stats[:, :STATE], rows, upd)
 
     def _row_for(self, seq_id: int) -> int:
         row = self._seq_row.get(seq_id)

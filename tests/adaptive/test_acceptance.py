@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.acceptance import EPS, AcceptanceConfig, AcceptanceModel, _linear, _sigmoid, calibration_error
+from adaptive.acceptance import (EPS, H_EDGES, STATE, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip, _linear,
+                                 _logit, _sigmoid, calibration_error)
 from adaptive.kernels import calibrate_kernel
 
 
@@ -160,6 +161,72 @@ def test_calibrate_kernel_matches_the_numpy_formula():
         # strided views (a policy's first j columns) give the same numbers
         np.testing.assert_allclose(calibrate_kernel(top1[:, :1], entropy[:, :1], w[:1], shift, EPS), ref[:, :1],
                                    rtol=1e-12, atol=1e-15)
+
+
+def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
+    """`AcceptanceModel.observe` written with numpy array calls (the implementation before its
+    compiled kernel): the test's independent statement of the tallies."""
+    B, J = top1.shape
+    m._age_idle(seq_ids, d == 0)
+    if not d.any():
+        return
+    i = np.arange(1, J + 1)[None, :]
+    tested, y = i <= d[:, None], (i <= a[:, None]).astype(np.float64)
+    counted = tested & (i <= a[:, None] + 1)
+    for k, c in enumerate((m.calibrate(seq_ids, top1, entropy), _clip(top1, 0.0, 1.0))):
+        s, r = np.cumprod(c, axis=1)[tested], y[tested]
+        b = np.minimum((s * m.config.ece_bins).astype(np.int64), m.config.ece_bins - 1)
+        np.add.at(m.metrics[k], b, np.stack([np.ones_like(s), s, r], 1))
+        m.brier_sum[k] += ((s - r) ** 2).sum()
+    g_conf = m._global_conf(top1, entropy)
+    rows = [m._row_for(int(x)) for x in seq_ids]
+    state = m.seq_stats[rows, STATE].astype(np.int64)
+    g_rate = m.base_rates(J)[0][state]
+    w = counted.astype(np.float64)
+    upd = np.stack([(w * y).sum(1), (w * (1 - y)).sum(1), (w * g_conf).sum(1), (w * (1 - g_conf)).sum(1),
+                    (w * g_rate).sum(1), (w * (1 - g_rate)).sum(1)], 1)
+    np.add.at(m.seq_stats[:, :STATE], rows, upd)
+    m._shift_cache.clear()
+    posj = np.broadcast_to(m._pos(J)[None, :], (B, J))
+    np.add.at(m.state_counts, (np.broadcast_to(state[:, None], (B, J))[counted], posj[counted]),
+              np.stack([np.ones(int(counted.sum())), y[counted]], axis=1))
+    m.seq_stats[rows, STATE] = np.where(d > 0, np.where(a == d, 1, 2), state)
+    t, h = _clip(top1[counted], EPS, 1 - EPS), entropy[counted]
+    cell = np.digitize(_logit(top1[counted]), Z_EDGES) * (len(H_EDGES) + 1) + np.digitize(h, H_EDGES)
+    feats = np.stack([np.ones_like(t), y[counted], np.log(t), -np.log1p(-t), np.maximum(h, 0.0)], 1)
+    np.add.at(m.cells, (posj[counted], cell), feats)
+    m.since_fit += int(counted.sum())
+    if m.since_fit >= max(m.config.refit_every, m.state_n.sum(0).max(initial=0) / 4):
+        m.fit()
+
+
+def test_observe_kernel_matches_the_numpy_tallies():
+    """Two models fed the same ragged steps (some rows verifying nothing, new cohorts, refits), one
+    through `observe`, one through the numpy reference: every statistic and prediction agrees."""
+    rng = np.random.default_rng(11)
+    cfg = AcceptanceConfig(max_positions=4, refit_every=64)
+    fast, ref = AcceptanceModel(cfg), AcceptanceModel(cfg)
+    for step in range(120):
+        B, J = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        ids = rng.choice(24, size=B, replace=False) + 100 * (step // 40)
+        top1 = rng.uniform(0.0, 1.0, (B, J))
+        top1[0, 0] = 1.0  # clipped
+        entropy = rng.uniform(-0.1, 5.0, (B, J))
+        d = rng.integers(0, J + 1, B)
+        a = np.minimum(d, rng.integers(0, J + 1, B))
+        fast.observe(ids, top1, entropy, d, a)
+        reference_observe(ref, ids, top1, entropy, d, a)
+        if step % 30 == 29:
+            fast.forget(ids[:2])
+            ref.forget(ids[:2])
+    assert fast.since_fit == ref.since_fit and fast.cells[..., 0].sum() > 200
+    for name in ("cells", "state_counts", "metrics", "brier_sum", "weights", "global_rates", "state_rates"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-10, atol=1e-10, err_msg=name)
+    ids = np.arange(24)
+    np.testing.assert_allclose(fast.seq_stats[fast._rows(ids)], ref.seq_stats[ref._rows(ids)], rtol=1e-10, atol=1e-10)
+    top1 = rng.uniform(0.05, 1, (24, 6))
+    np.testing.assert_allclose(fast.calibrate(ids, top1, 1 - top1), ref.calibrate(ids, top1, 1 - top1), rtol=1e-9)
+    np.testing.assert_allclose(fast.prior_conf(ids, 6), ref.prior_conf(ids, 6), rtol=1e-9)
 
 
 def test_calibrate_is_causal_per_column():
