@@ -4,7 +4,12 @@
 
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
 acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
-the same cost model (this machine's profile, refined online during each run). Each batch size is
+the same cost model to start from: this machine's profile, refined online during the warm-up. A
+serving engine keeps refining its cost model as it runs, so each policy's engine keeps its own from
+run to run (round to round, batch size to batch size), the way one engine would live through
+these loads; started from the profile at every run, the first tens of steps of each run priced its
+new shapes low while the cells learned (dspark's whole-step error 8.0% in a cold run at batch 16,
+5.0% in the next, warm, one; 16% and 6% at batch 64). Each batch size is
 measured in `--rounds` rounds; in a round every policy serves a closed loop of `batch` requests
 in flight (the same prompts in the same order), all engines taking the same number of steps in
 turn (a fresh shuffled order each cycle), each timed over its own decode steps, so slow spells of a
@@ -31,6 +36,7 @@ import torch
 
 from adaptive.acceptance import AcceptanceModel
 from adaptive.controller import Controller
+from adaptive.cost_model import CostModel
 from adaptive.engine import Engine, Request
 from experiments.cmd_generate import build_cost
 from policies.registry import make_policy
@@ -41,34 +47,36 @@ POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "
 K = 8
 
 
-def warm_acceptance(pair, prompts: list[list[int]], cost) -> AcceptanceModel:
-    """Acceptance statistics from a static k = K run on warm-up prompts (every position observed)."""
+def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[AcceptanceModel, CostModel]:
+    """Acceptance statistics from a static k = K run on warm-up prompts (every position observed),
+    and the cost model as that run refined it (the machine's speed, the time outside the passes)."""
     ctl = Controller(make_policy(f"static:k={K}"), K, cost=copy.deepcopy(cost))
     eng = Engine(PairRunner(pair.target, pair.draft, n_slots=32, max_depth=K), ctl)
     eng.run([Request(f"w{i}", p, 48, ignore_eos=True) for i, p in enumerate(prompts)])
     ctl.acceptance.reset_metrics()
-    return ctl.acceptance
+    return ctl.acceptance, ctl.cost
 
 
-def make_engine(pair, spec: str, batch: int, cost, acc: AcceptanceModel, max_len: int) -> tuple[Engine, Controller]:
+def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel, max_len: int) -> tuple[Engine, Controller]:
     ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
     return Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl), ctl
 
 
-def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int, cost,
-              acc: AcceptanceModel, rng: random.Random) -> dict[str, tuple[float, Engine, Controller]]:
+def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int,
+              costs: dict[str, CostModel], acc: AcceptanceModel,
+              rng: random.Random) -> dict[str, tuple[float, Engine, Controller]]:
     """A closed loop: every policy's engine keeps `batch` requests in flight (new ones taken from
     `prompts`, in the same order for all), and the engines take `steps` steps each, in turn (a
     fresh shuffled order each cycle), each timed over its own steps only. A slow spell of a shared
     machine then falls on every policy alike, step by step, and no engine runs a tail alone with
     the caches to itself; run one after another, a spell of a few seconds moved a policy's figure
-    by 20-35%.
+    by 20-35%. Each engine starts from a copy of `costs[spec]`.
 
     Returns:
         spec -> (tokens emitted / wall time of its own steps, engine, controller).
     """
     max_len = max(len(p) for p in prompts) + tokens + 1
-    engines = {s: make_engine(pair, s, batch, cost, acc, max_len) for s in specs}
+    engines = {s: make_engine(pair, s, batch, costs[s], acc, max_len) for s in specs}
     for _, ctl in engines.values():
         ctl.cost_track = []
     outs: dict[str, list] = {s: [] for s in specs}
@@ -154,12 +162,13 @@ def main() -> None:
     warm, prompts = allp[-args.warmup:], allp[:-args.warmup]
     cost = build_cost("auto", pair, "cpu")
     t0 = time.perf_counter()
-    acc = warm_acceptance(pair, warm, cost)
+    acc, cost = warm_up(pair, warm, cost)
     print(f"warm-up: {len(warm)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
     policies = args.policies.split(",")
     batches = [int(b) for b in args.batches.split(",")]
+    costs = {spec: cost for spec in policies}  # each policy's engine's cost model, kept from run to run
     # a few steps of every policy first: compiled kernels (policies/kernels.py) load or compile on first use
-    run_round(pair, policies, warm[:2], 2, 4, 4, cost, acc, random.Random(1))
+    run_round(pair, policies, warm[:2], 2, 4, 4, costs, acc, random.Random(1))
     runs: dict[tuple[str, int], list[float]] = {}
     ctl_ms: dict[tuple[str, int], list[float]] = {}
     errs, cal, all_models, full_models = [], [], [], []
@@ -168,21 +177,24 @@ def main() -> None:
         steps = args.steps or max(96, 384 // b)
         models, err, noise = [], [], []
         for rnd in range(args.rounds):
-            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order)
+            results = run_round(pair, policies, prompts, b, steps, args.tokens, costs, acc, order)
             for spec in policies:
                 tps, eng, ctl = results[spec]
+                costs[spec] = ctl.cost  # refined by this run: the next run of this policy starts from it
                 runs.setdefault((spec, b), []).append(tps)
                 ctl_ms.setdefault((spec, b), []).append(eng.stats.control_s / max(eng.stats.steps, 1) * 1e3)
                 if spec == "off":
                     noise.append(timing_noise(eng))
+                extra = ""
                 if spec == "dspark":
                     err.append(cost_error(eng, ctl))
                     models.append(ctl.acceptance)
+                    extra = f"  cost error (whole step) {err[-1][1]:.1%}"
                 if spec == f"static:k={K}":
                     full_models.append(ctl.acceptance)  # every drafted position verified: no selection
                 print(f"  batch {b:3d} round {rnd + 1} {spec:14s} {tps:8.1f} tok/s  accept-len "
                       f"{eng.stats.acceptance_length:.2f}  controller {ctl_ms[spec, b][-1]:.2f} ms/step"
-                      f"  fallbacks {sum(ctl.fallbacks.values())}", flush=True)
+                      f"  fallbacks {sum(ctl.fallbacks.values())}{extra}", flush=True)
             del results
         if models:
             cal.append(pooled_calibration(models))
