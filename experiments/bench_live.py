@@ -4,12 +4,12 @@
 
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
 acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
-the same cost model to start from: this machine's profile, refined online during the warm-up. A
-serving engine keeps refining its cost model as it runs, so each policy's engine keeps its own from
-run to run (round to round, batch size to batch size), the way one engine would live through
-these loads; started from the profile at every run, the first tens of steps of each run priced its
-new shapes low while the cells learned (dspark's whole-step error 8.0% in a cold run at batch 16,
-5.0% in the next, warm, one; 16% and 6% at batch 64). Each batch size is
+the same cost model to start from (this machine's profile, refined online during the warm-up,
+then during each run). Tried and dropped: each policy's engine keeping its cost model from run to
+run, as one serving engine would through these loads. With two engines in turn it cut dspark's
+whole-step error after the first run (batch 16: 8.0% -> 5.0%), but in this benchmark's turns of
+13 engines the errors stayed 8-15% (the machine's jitter dominates), and dspark at batch 64 started
+from batch 16's prices, never drafted, so never learned batch 64's. Each batch size is
 measured in `--rounds` rounds; in a round every policy serves a closed loop of `batch` requests
 in flight (the same prompts in the same order), all engines taking the same number of steps in
 turn (a fresh shuffled order each cycle), each timed over its own decode steps, so slow spells of a
@@ -63,20 +63,20 @@ def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceMod
 
 
 def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int,
-              costs: dict[str, CostModel], acc: AcceptanceModel,
+              cost: CostModel, acc: AcceptanceModel,
               rng: random.Random) -> dict[str, tuple[float, Engine, Controller]]:
     """A closed loop: every policy's engine keeps `batch` requests in flight (new ones taken from
     `prompts`, in the same order for all), and the engines take `steps` steps each, in turn (a
     fresh shuffled order each cycle), each timed over its own steps only. A slow spell of a shared
     machine then falls on every policy alike, step by step, and no engine runs a tail alone with
     the caches to itself; run one after another, a spell of a few seconds moved a policy's figure
-    by 20-35%. Each engine starts from a copy of `costs[spec]`.
+    by 20-35%. Each engine starts from a copy of `cost`.
 
     Returns:
         spec -> (tokens emitted / wall time of its own steps, engine, controller).
     """
     max_len = max(len(p) for p in prompts) + tokens + 1
-    engines = {s: make_engine(pair, s, batch, costs[s], acc, max_len) for s in specs}
+    engines = {s: make_engine(pair, s, batch, cost, acc, max_len) for s in specs}
     for _, ctl in engines.values():
         ctl.cost_track = []
     outs: dict[str, list] = {s: [] for s in specs}
@@ -166,25 +166,24 @@ def main() -> None:
     print(f"warm-up: {len(warm)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
     policies = args.policies.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    costs = {spec: cost for spec in policies}  # each policy's engine's cost model, kept from run to run
     # a few steps of every policy first: compiled kernels (policies/kernels.py) load or compile on first use
-    run_round(pair, policies, warm[:2], 2, 4, 4, costs, acc, random.Random(1))
+    run_round(pair, policies, warm[:2], 2, 4, 4, cost, acc, random.Random(1))
     runs: dict[tuple[str, int], list[float]] = {}
     ctl_ms: dict[tuple[str, int], list[float]] = {}
     errs, cal, all_models, full_models = [], [], [], []
     order = random.Random(0)
     for b in batches:
         steps = args.steps or max(96, 384 // b)
-        models, err, noise = [], [], []
+        models, err, noise, off_err = [], [], [], []
         for rnd in range(args.rounds):
-            results = run_round(pair, policies, prompts, b, steps, args.tokens, costs, acc, order)
+            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order)
             for spec in policies:
                 tps, eng, ctl = results[spec]
-                costs[spec] = ctl.cost  # refined by this run: the next run of this policy starts from it
                 runs.setdefault((spec, b), []).append(tps)
                 ctl_ms.setdefault((spec, b), []).append(eng.stats.control_s / max(eng.stats.steps, 1) * 1e3)
                 if spec == "off":
                     noise.append(timing_noise(eng))
+                    off_err.append(cost_error(eng, ctl)[1])
                 extra = ""
                 if spec == "dspark":
                     err.append(cost_error(eng, ctl))
@@ -199,7 +198,8 @@ def main() -> None:
         if models:
             cal.append(pooled_calibration(models))
             all_models += models
-            errs.append((*np.median(np.array(err), axis=0), float(np.median(noise)) if noise else float("nan")))
+            errs.append((*np.median(np.array(err), axis=0), float(np.median(noise)) if noise else float("nan"),
+                         float(np.median(off_err)) if off_err else float("nan")))
     table = {k: float(np.median(v)) for k, v in runs.items()}
     print(f"\ntokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)\n")
     print("| policy | " + " | ".join(f"batch {b}" for b in batches) + " |")
@@ -232,9 +232,10 @@ def main() -> None:
                   f"policy), pooled: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)")
         print("cost model vs measured (dspark runs, median abs error of each step's prediction; 'bias': "
               "median signed error, > 0 overpriced; 'jitter': the same-shape steps of off against their "
-              "neighbours, the floor a perfect model would show): " + ", ".join(
-                  f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%}, jitter {j:.1%})"
-                  for b, (t, s, bi, j) in zip(batches, errs)))
+              "neighbours, the floor a perfect model would show; 'on off': the same kind of model's whole-step "
+              "error on off's steps, whose shape never changes): " + ", ".join(
+                  f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%}, jitter {j:.1%}, on off {o:.1%})"
+                  for b, (t, s, bi, j, o) in zip(batches, errs)))
 
 
 if __name__ == "__main__":
