@@ -346,7 +346,7 @@ class ClusterController:
         st = self.acceptance.state_dict()
         keep = np.isin(st["seq_ids"], seq_ids)
         return {"config": st["config"], "weights": st["weights"], "global_rates": st["global_rates"],
-                "seq_ids": st["seq_ids"][keep], "seq_stats": st["seq_stats"][keep]}
+                "cat_shift": st["cat_shift"], "seq_ids": st["seq_ids"][keep], "seq_stats": st["seq_stats"][keep]}
 
     def _process(self, rep: ReplicaState) -> None:
         ref, rep.inflight = rep.inflight, None

@@ -26,14 +26,15 @@ from numba import njit
 
 @njit(cache=True)
 def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift: np.ndarray,
-                     eps: float) -> np.ndarray:
-    """(B, J) sigmoid(clip(w0 log t - w1 log(1 - t) + w2 max(H, 0) + w3 + shift_r, +-30)), t =
-    top1 clipped to [eps, 1 - eps]; 0 where top1 <= 0 (or NaN).
+                     first_shift: np.ndarray, eps: float) -> np.ndarray:
+    """(B, J) sigmoid(clip(w0 log t - w1 log(1 - t) + w2 max(H, 0) + w3 + shift_r [+ first_r in
+    column 0], +-30)), t = top1 clipped to [eps, 1 - eps]; 0 where top1 <= 0 (or NaN).
 
     Args:
         top1, entropy: (B, J) float64 features.
         w: (J, 4) float64 per-column weights.
         shift: (B,) float64 per-sequence log-odds shift.
+        first_shift: (B,) float64 more log-odds for column 0 (position 1) only.
     """
     B, J = top1.shape
     out = np.zeros((B, J))
@@ -50,6 +51,8 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
             if h < 0.0:
                 h = 0.0
             z = w[j, 0] * math.log(t) - w[j, 1] * math.log1p(-t) + w[j, 2] * h + w[j, 3] + shift[r]
+            if j == 0:
+                z += first_shift[r]
             if z < -30.0:
                 z = -30.0
             elif z > 30.0:
@@ -60,21 +63,24 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
 
 @njit(cache=True)
 def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.ndarray, conf: np.ndarray,
-                   g_conf: np.ndarray, g_rate: np.ndarray, rows: np.ndarray, pos: np.ndarray,
-                   z_edges: np.ndarray, h_edges: np.ndarray, eps: float, metrics: np.ndarray,
-                   brier_sum: np.ndarray, seq_stats: np.ndarray, state_counts: np.ndarray,
-                   cells: np.ndarray) -> int:
+                   g_conf: np.ndarray, g_rate: np.ndarray, first_base: np.ndarray, rows: np.ndarray,
+                   pos: np.ndarray, z_edges: np.ndarray, h_edges: np.ndarray, eps: float, metrics: np.ndarray,
+                   brier_sum: np.ndarray, seq_stats: np.ndarray, state_counts: np.ndarray, cells: np.ndarray,
+                   cat_stats: np.ndarray) -> int:
     """One step's tallies of `AcceptanceModel.observe`, added in place; returns the number of
     conditional observations. Position j + 1 of row r is verified iff j < d_r, counted iff also
     j <= a_r, accepted (survived) iff j < a_r.
 
     Args:
         top1, entropy: (B, J) features; conf: (B, J) the model's confidences (for the calibration
-            tally); g_conf: (B, J) the global model's; g_rate: (B, J) each row's planning rates.
+            tally); g_conf: (B, J) the global model's; g_rate: (B, J) each row's planning rates;
+            first_base: (B,) the model's confidence at position 1 before its last-step shift.
         d, a: (B,) verified and accepted counts; rows: (B,) rows of seq_stats; pos: (J,) regression
             index of each column.
         metrics: (2, bins, 3) [calibrated, raw] x bin x (n, sum predicted, sum realised);
-            brier_sum: (2,); seq_stats: (rows, 7); state_counts: (S, P, 2); cells: (P, cells, 5).
+            brier_sum: (2,); seq_stats: (rows, 8), column 6 the last step's state and 7 its
+            category (`last_category`); state_counts: (S, P, 2); cells: (P, cells, 5);
+            cat_stats: (categories, 3) n, accepted, sum first_base at position 1.
     """
     B, J = top1.shape
     nb = metrics.shape[1]
@@ -83,6 +89,7 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
     for r in range(B):
         row = rows[r]
         state = int(seq_stats[row, 6])
+        cat = int(seq_stats[row, 7])
         s_cal, s_raw = 1.0, 1.0
         for j in range(d[r]):
             y = 1.0 if j < a[r] else 0.0
@@ -100,6 +107,10 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
             if j > a[r]:
                 continue  # past the first rejection: never tested given its prefix
             n_counted += 1
+            if j == 0:
+                cat_stats[cat, 0] += 1.0
+                cat_stats[cat, 1] += y
+                cat_stats[cat, 2] += first_base[r]
             g, q = g_conf[r, j], g_rate[r, j]
             seq_stats[row, 0] += y
             seq_stats[row, 1] += 1.0 - y
@@ -128,4 +139,14 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
             cells[p, c, 4] += max(h, 0.0)
         if d[r] > 0:
             seq_stats[row, 6] = 1.0 if a[r] == d[r] else 2.0
+            seq_stats[row, 7] = last_category(d[r], a[r])
     return n_counted
+
+
+@njit(cache=True)
+def last_category(d: int, a: int) -> int:
+    """Category in [1, 11) of a sequence's last verified step, d >= 1 positions verified, a of them
+    accepted: its length (1, 2, 3, 4-7, 8 or more) and whether all were accepted. 0 (no verified
+    step yet, or an idle step since) is set elsewhere."""
+    b = d - 1 if d <= 3 else (3 if d < 8 else 4)
+    return 1 + 2 * b + (0 if a == d else 1)

@@ -120,7 +120,7 @@ class StepParams:
 
     policy: Any  # policies.base.DepthPolicy, with its state (Ray pickles it)
     cost: Any  # adaptive.cost_model.CostModel of this replica
-    calibration: dict  # AcceptanceModel.state_dict() keys config, weights, global_rates, seq_ids, seq_stats
+    calibration: dict  # AcceptanceModel.state_dict() keys config, weights, global_rates, cat_shift, seq_ids, seq_stats
 
 
 @dataclass
@@ -253,7 +253,7 @@ class Replica:
         cal = params.calibration
         acc = AcceptanceModel(AcceptanceConfig(**cal["config"]))
         state = acc.state_dict()  # empty statistics: only the fit and histories are needed here
-        state.update({k: cal[k] for k in ("weights", "global_rates", "seq_ids", "seq_stats")})
+        state.update({k: cal[k] for k in ("weights", "global_rates", "cat_shift", "seq_ids", "seq_stats")})
         acc.load_state_dict(state)
         ctl = Controller(params.policy, self.config.max_depth, cost=params.cost, acceptance=acc,
                          learn_cost=False)

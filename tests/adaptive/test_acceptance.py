@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.acceptance import (EPS, H_EDGES, STATE, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip, _linear,
-                                 _logit, _sigmoid, calibration_error)
-from adaptive.kernels import calibrate_kernel
+from adaptive.acceptance import (CAT, EPS, H_EDGES, STATE, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
+                                 _linear, _logit, _sigmoid, calibration_error)
+from adaptive.kernels import calibrate_kernel, last_category
 
 
 def synthetic_step(rng: np.random.Generator, ids: np.ndarray, J: int = 6, power: float = 2.0,
@@ -115,7 +115,7 @@ def test_planning_rates_are_optimistic_until_the_data_is_in():
 
 
 def test_merge_equals_one_model_fed_both_streams():
-    cfg = AcceptanceConfig(refit_every=10**9)  # no refit mid-stream (see merge's docstring)
+    cfg = AcceptanceConfig(refit_every=10**9, cat_refresh=10**9)  # no refit mid-stream (see merge's docstring)
     a, b, both = AcceptanceModel(cfg), AcceptanceModel(cfg), AcceptanceModel(cfg)
     for model, seed_ids in ((a, 0), (b, 10**5)):
         for m, rng in ((model, np.random.default_rng(seed_ids)), (both, np.random.default_rng(seed_ids))):
@@ -154,13 +154,16 @@ def test_calibrate_kernel_matches_the_numpy_formula():
         entropy = rng.uniform(-0.1, 5, (B, J))  # negative entropy is read as 0
         w = rng.normal(0, 3, (J, 4))
         shift = rng.normal(0, 2, B)
-        ref = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None]), 0.0)
-        got = calibrate_kernel(top1, entropy, w, shift, EPS)
+        first = rng.normal(0, 1, B)
+        z = _linear(top1, entropy, w) + shift[:, None]
+        z[:, 0] += first
+        ref = np.where(top1 > 0, _sigmoid(z), 0.0)
+        got = calibrate_kernel(top1, entropy, w, shift, first, EPS)
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
         assert ((got == 0) == (top1 == 0)).all()
         # strided views (a policy's first j columns) give the same numbers
-        np.testing.assert_allclose(calibrate_kernel(top1[:, :1], entropy[:, :1], w[:1], shift, EPS), ref[:, :1],
-                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(calibrate_kernel(top1[:, :1], entropy[:, :1], w[:1], shift, first, EPS),
+                                   ref[:, :1], rtol=1e-12, atol=1e-15)
 
 
 def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
@@ -179,8 +182,10 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
         np.add.at(m.metrics[k], b, np.stack([np.ones_like(s), s, r], 1))
         m.brier_sum[k] += ((s - r) ** 2).sum()
     g_conf = m._global_conf(top1, entropy)
+    first_base = _sigmoid(_linear(top1[:, :1], entropy[:, :1], m.weights[:1])[:, 0] + m._seq_shift(seq_ids, (2, 3)))
     rows = [m._row_for(int(x)) for x in seq_ids]
     state = m.seq_stats[rows, STATE].astype(np.int64)
+    cat = m.seq_stats[rows, CAT].astype(np.int64)
     g_rate = m.base_rates(J)[0][state]
     w = counted.astype(np.float64)
     upd = np.stack([(w * y).sum(1), (w * (1 - y)).sum(1), (w * g_conf).sum(1), (w * (1 - g_conf)).sum(1),
@@ -191,11 +196,17 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     np.add.at(m.state_counts, (np.broadcast_to(state[:, None], (B, J))[counted], posj[counted]),
               np.stack([np.ones(int(counted.sum())), y[counted]], axis=1))
     m.seq_stats[rows, STATE] = np.where(d > 0, np.where(a == d, 1, 2), state)
+    first = d > 0  # position 1 verified: always a conditional observation
+    np.add.at(m.cat_stats, cat[first], np.stack([np.ones(int(first.sum())), y[first, 0], first_base[first]], 1))
+    m.seq_stats[rows, CAT] = [last_category(int(dd), int(aa)) if dd > 0 else c for dd, aa, c in zip(d, a, cat)]
     t, h = _clip(top1[counted], EPS, 1 - EPS), entropy[counted]
     cell = np.digitize(_logit(top1[counted]), Z_EDGES) * (len(H_EDGES) + 1) + np.digitize(h, H_EDGES)
     feats = np.stack([np.ones_like(t), y[counted], np.log(t), -np.log1p(-t), np.maximum(h, 0.0)], 1)
     np.add.at(m.cells, (posj[counted], cell), feats)
     m.since_fit += int(counted.sum())
+    m.since_cat += int(counted.sum())
+    if m.since_cat >= m.config.cat_refresh:
+        m._refresh_cats()
     if m.since_fit >= max(m.config.refit_every, m.state_n.sum(0).max(initial=0) / 4):
         m.fit()
 
@@ -204,7 +215,7 @@ def test_observe_kernel_matches_the_numpy_tallies():
     """Two models fed the same ragged steps (some rows verifying nothing, new cohorts, refits), one
     through `observe`, one through the numpy reference: every statistic and prediction agrees."""
     rng = np.random.default_rng(11)
-    cfg = AcceptanceConfig(max_positions=4, refit_every=64)
+    cfg = AcceptanceConfig(max_positions=4, refit_every=64, cat_refresh=48)
     fast, ref = AcceptanceModel(cfg), AcceptanceModel(cfg)
     for step in range(120):
         B, J = int(rng.integers(1, 9)), int(rng.integers(1, 8))
@@ -220,7 +231,9 @@ def test_observe_kernel_matches_the_numpy_tallies():
             fast.forget(ids[:2])
             ref.forget(ids[:2])
     assert fast.since_fit == ref.since_fit and fast.cells[..., 0].sum() > 200
-    for name in ("cells", "state_counts", "metrics", "brier_sum", "weights", "global_rates", "state_rates"):
+    assert (fast.cat_stats[:, 0] > 0).sum() >= 8
+    for name in ("cells", "state_counts", "cat_stats", "cat_shift", "metrics", "brier_sum", "weights", "global_rates",
+                 "state_rates"):
         np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-10, atol=1e-10, err_msg=name)
     ids = np.arange(24)
     np.testing.assert_allclose(fast.seq_stats[fast._rows(ids)], ref.seq_stats[ref._rows(ids)], rtol=1e-10, atol=1e-10)
@@ -273,3 +286,34 @@ def test_a_sequence_without_a_streak_plans_with_the_population_rate():
     assert np.allclose(r[0], 0.7) and np.allclose(r[1:, 0], [0.9, 0.6]) and np.allclose(n[0], 300.0)
     unknown = m.prior_conf(np.array([12345]), 4)[0]
     assert unknown[0] > 0.7 and np.allclose(unknown[1:], 0.7)  # position 1 carries the optimism bonus
+
+
+def test_position_one_learns_what_the_last_step_says():
+    """Synthetic truth: position 1 is half as likely to be accepted after a step with a rejection,
+    which the features do not show. The per-category shift (layer 3) calibrates position 1 in both
+    cases; with the layer switched off (a huge prior strength) the global fit splits the difference."""
+    def run(cat_strength: float) -> dict[bool, np.ndarray]:
+        rng = np.random.default_rng(21)
+        m = AcceptanceModel(AcceptanceConfig(cat_strength=cat_strength))
+        ids, rejected = np.arange(32), np.zeros(32, bool)
+        tally = {False: np.zeros(2), True: np.zeros(2)}  # after a rejection? -> sum predicted, sum accepted
+        for step in range(400):
+            J = int(rng.choice([1, 2, 4]))
+            top1 = rng.beta(4.0, 1.5, size=(32, J)).clip(0.02, 0.99)
+            p = top1.copy()
+            p[:, 0] *= np.where(rejected, 0.5, 1.0)
+            ok = rng.random((32, J)) < p
+            a = np.where(ok.all(1), J, np.argmin(ok, 1))
+            if step >= 300:  # held-out steps: prequential predictions
+                c1 = m.calibrate(ids, top1, 1 - top1)[:, 0]
+                for r in (False, True):
+                    tally[r] += [c1[rejected == r].sum(), ok[rejected == r, 0].sum()]
+            m.observe(ids, top1, 1 - top1, np.full(32, J), a)
+            rejected = a < J
+        return {r: t / (rejected.size * 100) for r, t in tally.items()}
+    on, off = run(64.0), run(1e12)
+    for r in (False, True):
+        gap_on = on[r][0] / on[r][1] - 1  # relative: predicted / realised - 1
+        assert abs(gap_on) < 0.06, (r, on[r])
+    assert off[True][0] / off[True][1] - 1 > 0.2  # after a rejection: over-predicted without the layer
+    assert off[False][0] / off[False][1] - 1 < -0.2

@@ -25,7 +25,7 @@ PROMPTS = {10: [5, 6, 7], 11: [1, 2, 3, 4, 5, 6, 7, 8, 9], 12: [42]}
 
 def calibration(acc: AcceptanceModel) -> dict:
     st = acc.state_dict()
-    return {k: st[k] for k in ("config", "weights", "global_rates", "seq_ids", "seq_stats")}
+    return {k: st[k] for k in ("config", "weights", "global_rates", "cat_shift", "seq_ids", "seq_stats")}
 
 
 @pytest.fixture(scope="module")
