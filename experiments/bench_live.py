@@ -214,7 +214,7 @@ def main() -> None:
         for b in batches:
             best_static = max((table[s, b], s) for s in policies if s == "off" or s.startswith("static"))
             line = [f"batch {b:3d}: vs off {table['dspark', b] / table['off', b]:.2f}x",
-                    f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.2f}x"]
+                    f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.3f}x"]
             if "vllm-adaptive" in policies:
                 line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
             print("  " + ", ".join(line))
