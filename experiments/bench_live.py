@@ -57,7 +57,8 @@ def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[Acceptance
     return ctl.acceptance, ctl.cost
 
 
-def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel, max_len: int) -> tuple[Engine, Controller]:
+def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel,
+                max_len: int) -> tuple[Engine, Controller]:
     ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
     return Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl), ctl
 
