@@ -6,10 +6,8 @@ Each step (DESIGN.md "Allocation"):
   toward each sequence's own acceptance history) go through `plan_budgets` (as `plan_kernel`):
   for every draft depth D the D sequential draft passes are part of the step time, slots j <= D
   are admitted by the sorted early-stop rule, and the best D's per-sequence counts are the
-  budgets L_r. The first draft pass of a step costs more than the others when the cost model says
-  so (`draft_first_time`: the draft catching up on the tokens committed since it last drafted);
-  that premium is charged once for any D >= 1. A batch that already saturates the compute knee
-  gets 0 everywhere: speculation switches itself off.
+  budgets L_r. A batch that already saturates the compute knee gets 0 everywhere: speculation
+  switches itself off.
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
   (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
@@ -19,8 +17,7 @@ Each step (DESIGN.md "Allocation"):
   drafts are paid only where the confidences say they will likely be verified.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r. The draft passes already run are part of the
-  step's time whatever is verified (`extra`, with the first pass's premium): sunk, but still in
-  Theta's denominator. Leaving
+  step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
   them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
   that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
   own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
