@@ -61,8 +61,6 @@ class _Prices:
         self.target = table(size, context) if table else np.asarray(cost.target_time(np.arange(size), context),
                                                                     np.float64)  # (N,) by N
         self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
-        first = getattr(cost, "draft_first_time", None)  # CostModel's first-pass premium, if it has one
-        self.draft_first = float(first(n, context)) if first else 0.0
         # (n,) a draft pass of k = 1..n rows, linear in k between the two measured ends
         self.pass_k = self.draft_one + (self.draft_all - self.draft_one) * np.arange(n) / max(n - 1, 1)
 
@@ -123,7 +121,7 @@ class DSpark(DepthPolicy):
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting)
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin,
-                                       K if self.dynamic else 0, prices.draft_first if self.price_draft else 0.0)
+                                       K if self.dynamic else 0)
         self._plan_ctx, self._plan_key = ctx, prices.key
         self._passes = (ctx.step, int(deepest))
         return budgets
@@ -157,7 +155,7 @@ class DSpark(DepthPolicy):
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
         p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
-        sunk = passes * p.draft_all + (p.draft_first if passes else 0.0)  # (see the module docstring)
+        sunk = passes * p.draft_all  # (see the module docstring)
         times, more = sunk + p.target[n:], (lambda k: sunk + p.target_at(n + k))
         a = self._alloc
         if a is not None and a.n_seq == n and a.margin == self.margin:
