@@ -158,8 +158,7 @@ class Controller:
         if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
             o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
             self.cost_track.append((float(self.cost.target_time(n_tok, ctx)) - o_step,
-                                    draft_passes * (float(self.cost.draft_time(len(seq_ids), ctx)) - o_pass)
-                                    + (self.cost.draft_first_time(len(seq_ids), ctx) if draft_passes else 0.0),
+                                    draft_passes * (float(self.cost.draft_time(len(seq_ids), ctx)) - o_pass),
                                     o_step + o_pass * draft_passes, target_s, draft_s, overhead_s))
         if self.learn_cost:
             self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,

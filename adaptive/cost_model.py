@@ -56,11 +56,6 @@ class CostModel(ABC):
         compute faster (policies price a whole step's table each step)."""
         return np.asarray(self.target_time(np.arange(size), context_tokens), np.float64)
 
-    def draft_first_time(self, batch_size: int, context_tokens: int = 0) -> float:
-        """Seconds a step's first draft pass takes beyond `draft_time` (the draft catching up on the
-        tokens committed since it last drafted). Default 0."""
-        return 0.0
-
     # Seconds a step takes outside the two models' passes (scheduling, sampling, the controller):
     # `step_overhead_s` every step pays, whatever its depth (included in `target_time`), and
     # `pass_overhead_s` more for each draft pass (included in `draft_time`). 0 unless a model learns them.
@@ -425,7 +420,6 @@ class ProfiledCost(CostModel):
                  target_logcorr: Any = None, draft_logcorr: Any = None, speed_logcorr: float = 0.0,
                  speed_share: float = 0.67, step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
                  overhead_moments: Any = None, draft_ratio_logcorr: float = 0.0, draft_steps: float = 0.0,
-                 draft_first_ratio: Any = None, draft_line: Any = None,
                  meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
         self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
@@ -446,15 +440,6 @@ class ProfiledCost(CostModel):
         self.speed_logcorr, self.speed_share = float(speed_logcorr), float(speed_share)
         # the draft pass as the engine runs it vs the profiled forward (see `_learn_draft_ratio`)
         self.draft_ratio_logcorr, self.draft_steps = float(draft_ratio_logcorr), float(draft_steps)
-        # per draft batch size of the grid: a step's first draft pass beyond the others, in passes
-        # (see `_learn_draft_line`), and the weighted moments behind it: n, E[P], E[y], E[P^2], E[P y]
-        nb = len(self.batch_grid)
-        self.draft_first_ratio = np.zeros(nb) if draft_first_ratio is None \
-            else np.asarray(draft_first_ratio, np.float64).reshape(nb)
-        if not (np.all(np.isfinite(self.draft_first_ratio)) and np.all(self.draft_first_ratio >= 0)):
-            raise ValueError(f"draft_first_ratio must be finite and >= 0, got {self.draft_first_ratio}")
-        self._draft_line = np.zeros((nb, 5)) if draft_line is None \
-            else np.asarray(draft_line, np.float64).reshape(nb, 5)
         for name, v in (("step_overhead_s", step_overhead_s), ("pass_overhead_s", pass_overhead_s)):
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
@@ -503,33 +488,6 @@ class ProfiledCost(CostModel):
             self._refresh()
         return float(self._draft_f(context_tokens, batch_size)) * math.exp(self.speed_logcorr + self.draft_ratio_logcorr) \
             + self.pass_overhead_s
-
-    def draft_first_time(self, batch_size: int, context_tokens: int = 0) -> float:
-        ratio = float(np.interp(math.log(max(batch_size, 1)), np.log(self.batch_grid), self.draft_first_ratio))
-        return ratio * self._pass_time(batch_size, context_tokens)
-
-    def _learn_draft_line(self, batch_size: int, passes: int, y: float) -> None:
-        """A step's draft time in units of the current pass price, y, against its passes P: a line
-        y = a + b P from exponentially weighted moments (as `_learn_overhead`), the intercept
-        ridge-shrunk toward its last value (0 at first: with too little spread in P to tell them
-        apart, the time goes to the passes, as before this line), a = `draft_first_ratio`, kept in
-        [0, 2]; one line per draft batch size of the grid (the nearest one learns), since the
-        catch-up's share of a pass depends on the batch (after the warm-up, batch 32 had learned
-        1.35 passes, batch 1 ~0.2; one shared ratio priced batch 1's first pass at 6.6 ms against
-        ~2.6 measured, and dspark there stopped drafting for good). The first pass of a
-        step also catches the draft up on the tokens committed since it last drafted: on the bundled
-        pair at batch 1 one pass took 2.6 ms and five 11.2 ms (2.2 ms per later pass), and one
-        price per pass, learned mostly from one-pass steps, priced deep drafts ~15% high."""
-        cell = int(np.argmin(np.abs(np.log(self.batch_grid) - math.log(max(batch_size, 1)))))
-        m = self._draft_line[cell]
-        m[0] += 1
-        w = max(self.lr / 2, 1.0 / m[0])
-        m[1:5] += w * (np.array([passes, y, passes * passes, passes * y]) - m[1:5])
-        lam, a0 = 0.05, self.draft_first_ratio[cell]
-        # normal equations [[1 + lam, E P], [E P, E P^2]] (a, b) = (E y + lam a0, E P y), solved for a
-        det = (1 + lam) * m[3] - m[1] ** 2
-        a = ((m[2] + lam * a0) * m[3] - m[1] * m[4]) / det if det > 1e-12 else a0
-        self.draft_first_ratio[cell] = min(max(a, 0.0), 2.0)
 
     def _pass_time(self, batch_size: int, context_tokens: int) -> float:
         """One draft pass's predicted time without the overhead outside it."""
@@ -597,12 +555,7 @@ class ProfiledCost(CostModel):
             ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
                                         self.target_time(n_tokens, context_tokens) - self.step_overhead_s))
         if draft_passes > 0 and draft_batch > 0:
-            unit = self._pass_time(draft_batch, context_tokens)
-            if math.isfinite(draft_s) and draft_s > 0 and unit > 0:
-                self._learn_draft_line(draft_batch, draft_passes, min(draft_s / unit, 4.0 * draft_passes))
-            # the later passes' price: what is left once the first pass's premium is paid
-            premium = self.draft_first_time(draft_batch, context_tokens)
-            per_pass = max(draft_s - premium, 0.5 * draft_s) / draft_passes
+            per_pass = draft_s / draft_passes
             self._learn_draft_ratio(per_pass, self._pass_time(draft_batch, context_tokens))
             # the cells then learn what the ratio left: the prediction is taken again after it moved
             ratios.append(self._correct(self.draft_logcorr, self.batch_grid, draft_batch, context_tokens,
@@ -621,9 +574,7 @@ class ProfiledCost(CostModel):
                 "draft_logcorr": self.draft_logcorr.tolist(), "speed_logcorr": self.speed_logcorr,
                 "speed_share": self.speed_share, "step_overhead_s": self.step_overhead_s,
                 "pass_overhead_s": self.pass_overhead_s, "overhead_moments": self._moments.tolist(),
-                "draft_ratio_logcorr": self.draft_ratio_logcorr, "draft_steps": self.draft_steps,
-                "draft_first_ratio": self.draft_first_ratio.tolist(), "draft_line": self._draft_line.tolist(),
-                "meta": self.meta}
+                "draft_ratio_logcorr": self.draft_ratio_logcorr, "draft_steps": self.draft_steps, "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

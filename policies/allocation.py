@@ -210,12 +210,10 @@ def plan_budgets(
     price_draft: bool = True,
     target_by_n: np.ndarray | None = None,
     pass_time: float | None = None,
-    first_pass: float = 0.0,
 ) -> np.ndarray:
     """Pre-draft budgets L_r: the allocation above, with the draft's depth priced in.
 
-    For each depth D = 0..K the draft runs D sequential passes (first_pass + D * draft_time(batch)
-    seconds for D >= 1); the
+    For each depth D = 0..K the draft runs D sequential passes (D * draft_time(batch) seconds); the
     slots with j <= D are allocated by the sorted early-stop rule on the predicted survivals with that
     time as `extra`, and the D whose allocation has the best Theta wins (ties: the smaller D). When
     the batch alone saturates the compute knee nothing pays and every budget is 0.
@@ -235,8 +233,6 @@ def plan_budgets(
         target_by_n: optional (>= B (K + 1) + 1,) `cost.target_time(N)` for N = 0, 1, ... already
             computed by the caller (the same numbers; saves pricing them again).
         pass_time: optional `cost.draft_time(batch)`, likewise.
-        first_pass: seconds a step's first draft pass costs beyond the others (the draft catching up
-            on the tokens committed since it last drafted; `CostModel.draft_first_time`).
 
     Returns:
         (B,) int64 draft budgets, each <= K.
@@ -254,7 +250,7 @@ def plan_budgets(
         target = np.asarray(cost.target_time(n + np.arange(int(slots[-1]) + 1), context_tokens), np.float64)
     free = free_slots(target)
     if not price_draft:
-        pass_time, first_pass = 0.0, 0.0
+        pass_time = 0.0
     elif pass_time is None:
         pass_time = cost.draft_time(n if batch is None else batch, context_tokens)
     best_theta, best_depth, best_k = n / float(target[0]), 0, 0
@@ -267,10 +263,10 @@ def plan_budgets(
         if saturated or best_depth < d - 1:  # can any deeper depth still win?
             if tau_all is None:
                 tau_all = _tau_upper(q_t)  # (M+1,) at least tau with the k best slots of any depth
-            if (tau_all / (target + (first_pass + d * pass_time))).max() <= best_theta * ONE:
+            if (tau_all / (target + d * pass_time)).max() <= best_theta * ONE:
                 break
         if m <= free and not margin:  # all slots admitted: no order needed
-            k, theta = m, float(tau_depth[d - 1]) / float(target[m] + (first_pass + d * pass_time)) / ONE
+            k, theta = m, float(tau_depth[d - 1]) / float(target[m] + d * pass_time) / ONE
         else:
             if pool is None:
                 pool = _pool(q_t[:d])
@@ -278,7 +274,7 @@ def plan_budgets(
                 col = q_t[d - 1]
                 pool = np.concatenate((col[col > 0], pool))
                 pool.sort(kind="stable")  # an unsorted run before a sorted one: a sort and a merge
-            k, theta = first_stop(pool, target[: m + 1] + (first_pass + d * pass_time), margin, free)
+            k, theta = first_stop(pool, target[: m + 1] + d * pass_time, margin, free)
         saturated = k < m
         if theta > best_theta:
             best_theta, best_depth, best_k, best_pool = theta, d, k, pool

@@ -36,9 +36,7 @@ class StepCost(Protocol):
         """One target pass over `n_tokens` step tokens with `context_tokens` of KV in the batch."""
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
-        """One draft pass (one token for each of `batch_size` sequences). A model may also offer
-        `draft_first_time(batch_size, context_tokens)`: what a step's first pass costs beyond it
-        (`adaptive.cost_model.CostModel`'s default: 0); dspark prices it when present."""
+        """One draft pass (one token for each of `batch_size` sequences)."""
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,8 @@ Each step (DESIGN.md "Allocation"):
   toward each sequence's own acceptance history) go through `plan_budgets` (as `plan_kernel`):
   for every draft depth D the D sequential draft passes are part of the step time, slots j <= D
   are admitted by the sorted early-stop rule, and the best D's per-sequence counts are the
-  budgets L_r. The first draft pass of a step costs more than the others when the cost model says
-  so (`draft_first_time`: the draft catching up on the tokens committed since it last drafted);
-  that premium is charged once for any D >= 1. A batch that already saturates the compute knee
-  gets 0 everywhere: speculation switches itself off.
+  budgets L_r. A batch that already saturates the compute knee gets 0 everywhere: speculation
+  switches itself off.
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
   (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
@@ -19,8 +17,7 @@ Each step (DESIGN.md "Allocation"):
   drafts are paid only where the confidences say they will likely be verified.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r. The draft passes already run are part of the
-  step's time whatever is verified (`extra`, with the first pass's premium): sunk, but still in
-  Theta's denominator. Leaving
+  step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
   them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
   that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
   own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
@@ -64,8 +61,6 @@ class _Prices:
         self.target = table(size, context) if table else np.asarray(cost.target_time(np.arange(size), context),
                                                                     np.float64)  # (N,) by N
         self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
-        first = getattr(cost, "draft_first_time", None)  # CostModel's first-pass premium, if it has one
-        self.draft_first = float(first(n, context)) if first else 0.0
         # (n,) a draft pass of k = 1..n rows, linear in k between the two measured ends
         self.pass_k = self.draft_one + (self.draft_all - self.draft_one) * np.arange(n) / max(n - 1, 1)
 
@@ -126,7 +121,7 @@ class DSpark(DepthPolicy):
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting)
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin,
-                                       K if self.dynamic else 0, prices.draft_first if self.price_draft else 0.0)
+                                       K if self.dynamic else 0)
         self._plan_ctx, self._plan_key = ctx, prices.key
         self._passes = (ctx.step, int(deepest))
         return budgets
@@ -160,7 +155,7 @@ class DSpark(DepthPolicy):
         self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
         p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
-        sunk = passes * p.draft_all + (p.draft_first if passes else 0.0)  # (see the module docstring)
+        sunk = passes * p.draft_all  # (see the module docstring)
         times, more = sunk + p.target[n:], (lambda k: sunk + p.target_at(n + k))
         a = self._alloc
         if a is not None and a.n_seq == n and a.margin == self.margin:

@@ -146,7 +146,7 @@ def _cannot_win(pool: np.ndarray, m: int, n: int, vmax: int, total: int, times: 
 
 @njit(cache=True)
 def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, margin: float,
-                ceiling: int = 0, first_pass: float = 0.0) -> tuple[np.ndarray, int]:
+                ceiling: int = 0) -> tuple[np.ndarray, int]:
     """allocation.plan_budgets(cumprod(unit(prior_conf))) with `times` = target time by slot count.
 
     Args:
@@ -155,7 +155,6 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
         pass_time: seconds of one draft pass over the batch (0: not priced).
         margin: minimum relative Theta gain to admit a slot.
         ceiling: > 0: every positive budget becomes this (dspark's dynamic depth).
-        first_pass: seconds the first draft pass of a step costs beyond `pass_time` (0: none).
 
     Returns:
         (B,) int64 budgets, and the largest.
@@ -185,7 +184,7 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
         col = q[d - 1]
         if not (col > 0).any():
             break  # survival is non-increasing in j: nothing deeper either
-        extra = first_pass + d * pass_time
+        extra = d * pass_time
         if d > 1 and (refused or best_d < d - 1):  # can any depth from here on still win?
             while merged < d - 1:
                 m = _merge_desc(pool, m, q[merged], spare)

@@ -271,33 +271,3 @@ def test_profiled_learns_the_engine_s_draft_pass_quickly():
     assert c.target_time(24, 2000) == pytest.approx(make_profiled().target_time(24, 2000), rel=0.1)  # the target's stays
     back = CostModel.from_dict(c.to_dict())
     assert back.draft_time(8, 2000) == pytest.approx(c.draft_time(8, 2000))
-
-
-def test_profiled_prices_the_first_draft_pass_apart():
-    """A step's first draft pass also catches the draft up, so it costs more than the later ones
-    (bundled pair, batch 1: one pass 2.6 ms, five 11.2 ms). Steps of 1-6 passes whose draft time is
-    (0.4 + 2.2 P) ms: the model learns ~2.2 ms a pass plus a ~0.4 ms premium, so deep drafts are
-    not priced at the one-pass rate."""
-    c = make_profiled()
-    rng = np.random.default_rng(1)
-    for _ in range(300):
-        p = int(rng.integers(1, 7))
-        c.observe(8, 1000, c.target_time(8, 1000), 1, p, (0.4 + 2.2 * p) * 1e-3 * rng.uniform(0.97, 1.03))
-    per_pass, first = c.draft_time(1, 1000), c.draft_first_time(1, 1000)
-    assert per_pass == pytest.approx(2.2e-3, rel=0.08) and first == pytest.approx(0.4e-3, abs=0.15e-3)
-    assert first + 5 * per_pass == pytest.approx(11.4e-3, rel=0.05)
-    back = CostModel.from_dict(c.to_dict())
-    assert back.draft_first_time(1, 1000) == pytest.approx(first)
-    # each draft batch size of the grid has its own premium: batch 64's does not move batch 1's
-    for _ in range(300):
-        p = int(rng.integers(1, 7))
-        c.observe(8, 1000, c.target_time(8, 1000), 64, p, (6.0 + 3.0 * p) * 1e-3)
-    # (batch 1's premium moves only as its pass price does: the shared speed and draft ratio)
-    assert c.draft_first_time(64, 1000) > 3e-3 and c.draft_first_time(1, 1000) == pytest.approx(first, rel=0.1)
-    assert c.draft_first_time(8, 1000) == 0.0  # a grid batch size never observed: no premium
-    # one pass per step only: the total stays right, whatever the split
-    one = make_profiled()
-    for _ in range(200):
-        one.observe(8, 1000, one.target_time(8, 1000), 1, 1, 2.6e-3)
-    assert one.draft_time(1, 1000) + one.draft_first_time(1, 1000) == pytest.approx(2.6e-3, rel=0.05)
-    assert make_profiled().draft_first_time(1, 1000) == 0.0 and FixedCost(0.01, 0.001).draft_first_time(4) == 0.0

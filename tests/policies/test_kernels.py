@@ -49,13 +49,12 @@ def test_plan_kernel_equals_plan_budgets(cost) -> None:
         margin = 0.03 if i % 7 == 0 else 0.0
         price = i % 5 != 0
         pass_time = cost.draft_time(b, 0) if price else 0.0
-        first = pass_time * [0.0, 0.3, 1.5][i % 3] if price else 0.0  # a first pass's catch-up premium
         times = np.asarray(cost.target_time(b + np.arange(b * k + 1), 0), np.float64)
-        want = plan_budgets(prior, cost, 0, margin=margin, price_draft=price, first_pass=first)
-        got, deepest = plan_kernel(conf, times, pass_time, margin, 0, first)
+        want = plan_budgets(prior, cost, 0, margin=margin, price_draft=price)
+        got, deepest = plan_kernel(conf, times, pass_time, margin)
         assert got.tolist() == want.tolist(), (i, b, k)
         assert deepest == want.max()
-        ceil, deepest = plan_kernel(conf, times, pass_time, margin, 9, first)
+        ceil, deepest = plan_kernel(conf, times, pass_time, margin, 9)
         assert ceil.tolist() == np.where(want > 0, 9, 0).tolist() and deepest == (9 if want.any() else 0)
 
 
