@@ -327,10 +327,9 @@ class AcceptanceModel:
         self._shift_cache.clear()
         # the calibration tally, the sequences' histories, the per-state counts and the binned
         # statistics, in one compiled loop over the verified positions (`observe_kernel`)
-        counted = observe_kernel(top1, entropy, d, a, np.asarray(own, np.float64), g_conf, g_rate,
-                                         first_base, rows, self._pos(J), Z_EDGES, H_EDGES, EPS, self.metrics,
-                                         self.brier_sum, self.seq_stats, self.state_counts, self.cells,
-                                         self.cat_stats)
+        counted = observe_kernel(top1, entropy, d, a, np.asarray(own, np.float64), g_conf, g_rate, first_base,
+                                 rows, self._pos(J), Z_EDGES, H_EDGES, EPS, self.metrics, self.brier_sum,
+                                 self.seq_stats, self.state_counts, self.cells, self.cat_stats)
         self.since_fit += counted
         self.since_cat += counted
         if self.since_cat >= self.config.cat_refresh:

@@ -197,7 +197,7 @@ class BatchMeta:
     pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch; None: all valid
     write_slots: torch.Tensor  # (N,) long: the cache slot of each new token
     write_pos: torch.Tensor  # (N,) long: its position there
-    parts: list[AttnPart]  # one part, or the two of `attention_parts` where padding would pad more than PAD_LIMIT allows
+    parts: list[AttnPart]  # one part, or the two of `attention_parts` where one would pad more than PAD_LIMIT allows
 
 
 def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
