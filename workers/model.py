@@ -291,7 +291,7 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     def forward(self, cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor,
-                n_new: torch.Tensor, logits: bool = True) -> Optional[torch.Tensor]:
+                n_new: torch.Tensor, logits: bool = True, last: bool = False) -> Optional[torch.Tensor]:
         """Ragged forward: sequence b appends tokens[b, :n_new[b]] to its slot and gets their logits.
 
         Args:
@@ -300,8 +300,11 @@ class Transformer(nn.Module):
             tokens: (B, T) long, right-padded new tokens.
             n_new: (B,) long, 1 <= n_new[b] <= T.
             logits: False skips the LM head (prefill whose logits nobody reads).
+            last: the LM head on each sequence's last new token only (a draft pass reads no other;
+                in its first pass, which catches up on several committed tokens, the head was half
+                the bundled draft's per-token work).
         Returns:
-            (B, T, V) float32 logits; rows t >= n_new[b] are padding and meaningless.
+            (B, T, V) float32 logits, rows t >= n_new[b] padding and meaningless; with `last`, (B, V).
         """
         B, T = tokens.shape
         dev = self.device
@@ -332,6 +335,9 @@ class Transformer(nn.Module):
         cache.advance(slots, n_new)
         if not logits:
             return None
+        if last:  # each sequence's last new token: its row in the packed (N,) or flat (B*T,) batch
+            idx = torch.cumsum(n_new, 0) - 1 if pack is not None else torch.arange(B, device=dev) * T + (T - 1)
+            return self.lm_head(self.norm(x[idx])).float()  # (B, V)
         out = self.lm_head(self.norm(x)).float()  # (N, V)
         if pack is None:
             return out.view(B, T, -1)

@@ -185,8 +185,8 @@ class PairRunner:
                 rows_t = torch.from_numpy(rows).to(self.device)
                 inp = tokens[rows_t, j - 1][:, None]  # (b, 1)
                 n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
-            logits = self.draft(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new)
-            last = logits[:, -1] if j else logits[torch.arange(len(rows)), n_new - 1]  # (b, V): x_{j+1}'s distribution
+            # (b, V): x_{j+1}'s distribution, the LM head run on each row's last token only
+            last = self.draft(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
             if not bool(torch.isfinite(last).all()):
                 bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
                 for i in bad:  # a draft that cannot be trusted drafts nothing more; verification stays exact

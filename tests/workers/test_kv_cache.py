@@ -63,3 +63,26 @@ def test_ragged_forward_matches_each_sequence_alone(pad_limit, prompts, program,
                 seqs[i] += fwd[i]
                 ref = MODEL.forward_train(torch.tensor([seqs[i]]))[0, -len(fwd[i]):]
                 assert (out[r, : len(fwd[i])] - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("n_new", [[3, 3, 3], [1, 3, 2], [1, 1, 1], [4]], ids=["full", "ragged", "one", "single"])
+def test_last_token_logits_are_the_full_logits_last_rows(n_new):
+    """`last=True` (a draft pass: only each sequence's next-token distribution is read) gives the
+    rows of the full logits at each sequence's last new token, and advances the cache the same."""
+    B, T = len(n_new), max(n_new)
+    gen = torch.Generator().manual_seed(len(n_new) * 10 + T)
+    prefix = torch.randint(0, CFG.vocab_size, (B, 5), generator=gen)
+    x = torch.randint(0, CFG.vocab_size, (B, T), generator=gen)
+    n = torch.tensor(n_new)
+    outs, lens = [], []
+    with torch.no_grad():
+        for last in (False, True):
+            cache = KVCache(CFG.n_layers, B, CFG.n_kv_heads, CFG.hd, CFG.max_seq_len, torch.float32, "cpu")
+            slots = torch.tensor([cache.allocate() for _ in range(B)])
+            MODEL(cache, slots, prefix, torch.full((B,), 5), logits=False)
+            outs.append(MODEL(cache, slots, x, n, last=last))
+            lens.append(cache.lengths_t(slots).tolist())
+    full, last = outs
+    assert last.shape == (B, CFG.vocab_size)
+    assert (full[torch.arange(B), n - 1] - last).abs().max().item() <= 1e-5
+    assert lens[0] == lens[1] == [5 + k for k in n_new]
