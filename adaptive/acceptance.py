@@ -379,8 +379,9 @@ class AcceptanceModel:
         over = n_pos > cfg.window
         self.cells[over] *= (cfg.window / n_pos[over])[:, None, None]  # effective window
         self.state_counts[:, over] *= (cfg.window / n_pos[over])[None, :, None]
-        n_cat = self.cat_stats[:, 0]
-        self.cat_stats[n_cat > cfg.window] *= (cfg.window / n_cat[n_cat > cfg.window])[:, None]
+        n_cat = self.cat_stats[:, 0]  # (C,)
+        over_cat = n_cat > cfg.window
+        self.cat_stats[over_cat] *= (cfg.window / n_cat[over_cat])[:, None]
         self._refresh_cats()
         prior, rate = IDENTITY, cfg.prior_rate
         n, acc = self.cells[:, :, 0].sum(1), self.cells[:, :, 1].sum(1)  # (P,)

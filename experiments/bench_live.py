@@ -20,8 +20,9 @@ so timing it charged the faster policies more per counted token (at batch 64, 48
 request, prefill was ~45% of the wall time and moved ratios by up to 15%). Also printed:
 calibration of predicted survival after warm-up (ECE, its finite-sample floor, Brier) pooled over
 the dspark runs, the cost model's prediction error against measured step times during the dspark
-runs (and in `--solo` runs of dspark alone, see `solo_runs`), and the controller's own time per step. Ratios are measured side by side in this one run;
-absolute tokens/s move with the machine's load.
+runs (and in `--solo` runs of dspark alone, see `solo_runs`), and the controller's own time per
+step. Ratios are measured side by side in this one run; absolute tokens/s move with the machine's
+load.
 """
 
 from __future__ import annotations
