@@ -391,11 +391,20 @@ class ProfiledCost(CostModel):
     prediction, target and draft alike: a busy spell of a shared machine slows both models, and
     moving them together keeps the table's shape (the draft/target ratio, the step-time knee),
     which is what depth decisions rest on. A log-correction per grid cell learns the shape's
-    own errors. An observed/predicted ratio r moves the speed by clip(speed_share * lr * log r)
-    and the cells around the observation by clip((1 - speed_share) * lr * log r) (shared by
-    their interpolation weights), each clipped to its share of log(1 + max_step), so no single
-    step moves a prediction inside the grid by more than `max_step`, while consistent evidence
-    converges geometrically. `frozen` turns refinement off (exact replays).
+    own errors. An observed/predicted ratio r moves the cells around the observation by
+    clip((1 - speed_share) * lr * log r) (shared by their interpolation weights, clipped to
+    (1 - speed_share) * log(1 + max_step)): slowly, since a cell learns the table's lasting error.
+    The speed moves by clip(speed_lr * log r, +-log(1 + speed_max_step)), fast: it tracks how busy
+    the machine is now. Step logs of bench_live on a shared 2-core CPU (batch 1 to 64; `off`,
+    `static` and `dspark`), replayed offline through the model: with the speed as slow as the
+    cells (0.067 of log r a step, at most 2%, as it was) the whole step was predicted 7.8% off
+    (median per run, mean over 12 interleaved runs; 4.7% underpriced on batch 64 `off`, whose
+    contexts grew faster than it followed) and 7.9% on 12 solo runs recorded later; at 0.45 and
+    9%, 6.4% and 6.1% (0.3 to 1.0 all did about as well). No single step moves a prediction by
+    more than the two bounds together, a slow outlier's effect halves with each normal step after
+    it, and consistent evidence converges geometrically. (`speed_share` is a name kept from when
+    the speed took that share of the evidence: it is now the share the cells leave.) `frozen`
+    turns refinement off (exact replays).
 
     A step also costs time outside the two passes: the engine's scheduling, sampling and
     bookkeeping, and the controller. It is learned online as `step_overhead_s + pass_overhead_s x
@@ -418,7 +427,8 @@ class ProfiledCost(CostModel):
     def __init__(self, token_grid: Any, ctx_grid: Any, target_s: Any, draft_batch_grid: Any,
                  draft_s: Any, *, lr: float = 0.1, max_step: float = 0.03, frozen: bool = False,
                  target_logcorr: Any = None, draft_logcorr: Any = None, speed_logcorr: float = 0.0,
-                 speed_share: float = 0.67, step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
+                 speed_share: float = 0.67, speed_lr: float = 0.45, speed_max_step: float = 0.09,
+                 step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
                  overhead_moments: Any = None, draft_ratio_logcorr: float = 0.0, draft_steps: float = 0.0,
                  meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
@@ -434,10 +444,13 @@ class ProfiledCost(CostModel):
             raise ValueError("table shapes do not match their grids")
         if not (np.all(self.base_target > 0) and np.all(self.base_draft > 0)):
             raise ValueError("step times must be positive")
-        if not (0 < max_step < 1 and 0 < lr <= 1 and 0 <= speed_share <= 1):
-            raise ValueError(f"need 0 < max_step < 1, 0 < lr <= 1, 0 <= speed_share <= 1, got {max_step}, "
-                             f"{lr}, {speed_share}")
+        if not (0 < max_step < 1 and 0 < lr <= 1 and 0 <= speed_share <= 1 and 0 <= speed_lr <= 1
+                and 0 <= speed_max_step < 1):
+            raise ValueError(f"need 0 < max_step < 1, 0 < lr <= 1, 0 <= speed_share <= 1, 0 <= speed_lr <= 1, "
+                             f"0 <= speed_max_step < 1, got {max_step}, {lr}, {speed_share}, {speed_lr}, "
+                             f"{speed_max_step}")
         self.speed_logcorr, self.speed_share = float(speed_logcorr), float(speed_share)
+        self.speed_lr, self.speed_max_step = float(speed_lr), float(speed_max_step)
         # the draft pass as the engine runs it vs the profiled forward (see `_learn_draft_ratio`)
         self.draft_ratio_logcorr, self.draft_steps = float(draft_ratio_logcorr), float(draft_steps)
         for name, v in (("step_overhead_s", step_overhead_s), ("pass_overhead_s", pass_overhead_s)):
@@ -562,8 +575,8 @@ class ProfiledCost(CostModel):
                                         per_pass, self._pass_time(draft_batch, context_tokens)))
         ratios = [r for r in ratios if r is not None]
         if ratios:  # the shared speed: both models' evidence, averaged
-            bound = math.log1p(self.max_step) * self.speed_share
-            self.speed_logcorr += min(max(self.speed_share * self.lr * sum(ratios) / len(ratios), -bound), bound)
+            bound = math.log1p(self.speed_max_step)
+            self.speed_logcorr += min(max(self.speed_lr * sum(ratios) / len(ratios), -bound), bound)
         self._dirty = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -572,7 +585,8 @@ class ProfiledCost(CostModel):
                 "draft_s": self.base_draft.tolist(), "lr": self.lr, "max_step": self.max_step,
                 "frozen": self.frozen, "target_logcorr": self.target_logcorr.tolist(),
                 "draft_logcorr": self.draft_logcorr.tolist(), "speed_logcorr": self.speed_logcorr,
-                "speed_share": self.speed_share, "step_overhead_s": self.step_overhead_s,
+                "speed_share": self.speed_share, "speed_lr": self.speed_lr, "speed_max_step": self.speed_max_step,
+                "step_overhead_s": self.step_overhead_s,
                 "pass_overhead_s": self.pass_overhead_s, "overhead_moments": self._moments.tolist(),
                 "draft_ratio_logcorr": self.draft_ratio_logcorr, "draft_steps": self.draft_steps, "meta": self.meta}
 
