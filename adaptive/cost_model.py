@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from adaptive.cost_kernels import monotone_kernel, row_kernel
+
 FORMAT = "specdepth-cost-v1"
 
 
@@ -293,6 +295,18 @@ def _cells(x: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 _FAR = 1e12  # a grid point far right of any step: np.interp then extrapolates the last segment
 
 
+def _row(table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray, ctx: float) -> np.ndarray:
+    """(Nx + 1,) the (Nc, Nx) table at context `ctx`, and at x = _FAR (x_ext: the x grid, then
+    _FAR). The numpy statement of `row_kernel`, which `_Interp` runs."""
+    i0, i1, w = _cells(np.float64(ctx), ctx_grid)
+    r = table[int(i0)] + float(w) * (table[int(i1)] - table[int(i0)])  # (Nx,)
+    if len(r) > 1:
+        far = r[-1] + (r[-1] - r[-2]) / (x_ext[-2] - x_ext[-3]) * (_FAR - x_ext[-2])
+    else:
+        r, far = np.repeat(r, 1), r[-1]
+    return np.append(r, far)
+
+
 class _Interp:
     """f(ctx, x) over a (ctx grid x x grid) table: linear in both, clamped on the left, extrapolated
     linearly on the right. The row at one context is cached, so a step's many queries at the same
@@ -306,14 +320,8 @@ class _Interp:
 
     def row(self, ctx: float) -> np.ndarray:
         if ctx != self._ctx:
-            i0, i1, w = _cells(np.float64(ctx), self.ctx_grid)
-            r = self.table[int(i0)] + float(w) * (self.table[int(i1)] - self.table[int(i0)])  # (Nx,)
-            if len(r) > 1:
-                g = self.x_ext
-                far = r[-1] + (r[-1] - r[-2]) / (g[-2] - g[-3]) * (_FAR - g[-2])
-            else:
-                r, far = np.repeat(r, 1), r[-1]
-            self._row, self._ctx = np.append(r, far), ctx
+            # = _row(self.table, self.ctx_grid, self.x_ext, ctx), compiled
+            self._row, self._ctx = row_kernel(self.table, self.ctx_grid, self.x_ext, float(ctx), _FAR), ctx
         return self._row
 
     def __call__(self, ctx: float, x: Any) -> np.ndarray:
@@ -472,8 +480,9 @@ class ProfiledCost(CostModel):
 
     def _refresh(self) -> None:
         """Rebuild the corrected monotone tables (lazily: at the first query after a correction)."""
-        self._target_table = _monotone_fast(self.base_target * np.exp(self.target_logcorr))  # (Nc, Nt)
-        self._draft_table = _monotone_fast(self.base_draft * np.exp(self.draft_logcorr))  # (Nc, Nb)
+        # = _monotone_fast(...), compiled
+        self._target_table = monotone_kernel(self.base_target * np.exp(self.target_logcorr))  # (Nc, Nt)
+        self._draft_table = monotone_kernel(self.base_draft * np.exp(self.draft_logcorr))  # (Nc, Nb)
         self._target_f = _Interp(self._target_table, self.ctx_grid, self.token_grid)
         self._draft_f = _Interp(self._draft_table, self.ctx_grid, self.batch_grid)
         self._dirty = False

@@ -276,3 +276,17 @@ def test_profiled_learns_the_engine_s_draft_pass_quickly():
     assert c.target_time(24, 2000) == pytest.approx(make_profiled().target_time(24, 2000), rel=0.1)  # the target's stays
     back = CostModel.from_dict(c.to_dict())
     assert back.draft_time(8, 2000) == pytest.approx(c.draft_time(8, 2000))
+
+
+def test_compiled_refresh_and_rows_are_the_numpy_statements():
+    from adaptive.cost_kernels import monotone_kernel, row_kernel
+    from adaptive.cost_model import _FAR, _monotone_fast, _row
+    rng = np.random.default_rng(1)
+    for shape in ((4, 14), (1, 8), (3, 1), (1, 1)):
+        t = np.cumsum(rng.uniform(0.1, 1.0, shape), axis=1) * rng.uniform(0.7, 1.3, shape)  # dented
+        np.testing.assert_array_equal(monotone_kernel(t), _monotone_fast(t))
+        ctx_grid = np.cumsum(rng.uniform(100, 1000, shape[0]))
+        x_grid = np.cumsum(rng.uniform(1, 8, shape[1]))
+        x_ext = np.append(x_grid, _FAR) if shape[1] > 1 else np.array([0.0, _FAR])
+        for ctx in (0.0, ctx_grid[0], ctx_grid.mean(), ctx_grid[-1], 3 * ctx_grid[-1]):
+            np.testing.assert_array_equal(row_kernel(t, ctx_grid, x_ext, float(ctx), _FAR), _row(t, ctx_grid, x_ext, ctx))

@@ -225,7 +225,7 @@ def test_parameters_and_registry() -> None:
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
-                                 "streak=0.5, lookahead=1)")
+                                 "streak=0.5, lookahead=1, dynamic_from=1)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
@@ -247,6 +247,20 @@ def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> No
     static = DSpark(dynamic=False)
     budgets = static.plan(pctx)
     assert static.keep_drafting(make_draft_ctx(conf, budgets=budgets, step=pctx.step)).all()
+
+
+def test_dynamic_from_leaves_shallow_plans_as_they_are() -> None:
+    from policies.testing import LinearCost
+    # a 10 ms target pass, 0.5 ms a verified token, 3 ms a draft pass: position 2 (0.9 x 0.3) does not pay
+    pctx = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=LinearCost(0.010, 0.0005, 0.003))
+    assert DSpark(dynamic=False).plan(pctx).tolist() == [1, 1]
+    assert DSpark().plan(pctx).tolist() == [8, 8]  # dynamic: the plan's depth becomes the ceiling K
+    assert DSpark(dynamic_from=2).plan(pctx).tolist() == [1, 1]  # too shallow to go on dynamically
+    deep = make_plan_ctx(2, prior_conf=0.9, cost=LinearCost(0.010, 0.0001, 0.0005))
+    assert DSpark(dynamic=False).plan(deep).max() >= 2
+    assert DSpark(dynamic_from=2).plan(deep).tolist() == [8, 8]
+    with pytest.raises(ValueError, match="dynamic_from"):
+        DSpark(dynamic_from=0)
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:

@@ -1,0 +1,72 @@
+"""Compiled loops for the profiled cost model's per-step hot path (numba).
+
+Every step the controller refines `ProfiledCost` from the step's measured times, and the next
+query rebuilds the corrected tables (`_monotone_fast` on the target's and the draft's) and the
+row at the batch's new context (`_Interp.row`; the context grows every step). In numpy that was
+~20 small array calls, 33 us for the two tables and 16 us a row on this machine, ~65 us a step,
+paid by every policy (the controller learns the cost whatever the policy) and by dspark twice
+over. These kernels are the same arithmetic in one call each, in the same order, so they give the
+same floats; `tests/adaptive/test_cost_model.py` compares them with the numpy statements.
+
+Pure arithmetic on the arrays passed in: no state, clock or RNG.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _midpoint_line(line: np.ndarray, out: np.ndarray) -> None:
+    """out = 0.5 * (running max from the left + running min from the right) of `line`."""
+    n = line.shape[0]
+    down = np.empty(n)
+    m = line[n - 1]
+    for i in range(n - 1, -1, -1):
+        m = min(m, line[i])
+        down[i] = m
+    m = line[0]
+    for i in range(n):
+        m = max(m, line[i])
+        out[i] = 0.5 * (m + down[i])
+
+
+@njit(cache=True)
+def monotone_kernel(table: np.ndarray) -> np.ndarray:
+    """(Nc, Nx) float64 -> `cost_model._monotone_fast(table)`: the midpoint line along x, then
+    along context."""
+    nc, nx = table.shape
+    rows = np.empty((nc, nx))
+    for c in range(nc):
+        _midpoint_line(table[c], rows[c])
+    out = np.empty((nc, nx))
+    col, res = np.empty(nc), np.empty(nc)
+    for x in range(nx):
+        for c in range(nc):
+            col[c] = rows[c, x]
+        _midpoint_line(col, res)
+        for c in range(nc):
+            out[c, x] = res[c]
+    return out
+
+
+@njit(cache=True)
+def row_kernel(table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray, ctx: float, far: float) -> np.ndarray:
+    """(Nx + 1,) `_Interp.row`: the (Nc, Nx) table interpolated at context `ctx` (linear, clamped
+    on the left, extrapolated on the right), then its value at x = `far` (the last segment
+    extended; x_ext is the x grid with `far` appended)."""
+    nc, nx = table.shape
+    i0, w = 0, 0.0
+    if nc > 1:
+        i0 = min(max(np.searchsorted(ctx_grid, ctx, side="right") - 1, 0), nc - 2)
+        w = max((ctx - ctx_grid[i0]) / (ctx_grid[i0 + 1] - ctx_grid[i0]), 0.0)
+    i1 = i0 + 1 if nc > 1 else 0
+    out = np.empty(nx + 1)
+    for k in range(nx):
+        out[k] = table[i0, k] + w * (table[i1, k] - table[i0, k])
+    if nx > 1:
+        out[nx] = out[nx - 1] + (out[nx - 1] - out[nx - 2]) / (x_ext[nx - 1] - x_ext[nx - 2]) * (far - x_ext[nx - 1])
+    else:
+        out[nx] = out[nx - 1]
+    return out
