@@ -141,11 +141,12 @@ class Controller:
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
                 finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None,
-                overhead_passes: int = 0) -> None:
+                overhead_passes: int = 0, keep_s: float = 0.0) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
         this controller computed in the step's verify; a remote replica passes its own).
         `overhead_s`: a step's time outside the model passes, for the cost model (the engine
-        reports its last complete step's), and `overhead_passes` that step's draft passes."""
+        reports its last complete step's), and `overhead_passes` that step's draft passes.
+        `keep_s`: the seconds the step spent in the `keep_drafting` callback (the policy sees it)."""
         own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
@@ -164,7 +165,7 @@ class Controller:
             self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,
                               overhead_passes)
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
-                          draft_s + target_s, draft_s, target_s, context_lens, finished)
+                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s)
         self._call("observe", self.policy.observe, out)
         if len(finished):
             self.acceptance.forget(finished)

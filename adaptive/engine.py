@@ -214,7 +214,8 @@ class Engine:
             over_s, over_passes = self._overhead or (None, 0)
             ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
                         res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
-                        np.array(self.finished_ids, dtype=np.int64), overhead_s=over_s, overhead_passes=over_passes)
+                        np.array(self.finished_ids, dtype=np.int64), overhead_s=over_s, overhead_passes=over_passes,
+                        keep_s=res.keep_s)
         st = self.stats
         st.steps += 1
         st.draft_s += res.draft_s

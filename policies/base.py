@@ -104,6 +104,9 @@ class StepOutcome:
     target_time_s: float
     context_lens: np.ndarray  # (B,) int64, before this step's tokens
     finished: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # request ids that ended
+    # seconds the controller spent asking `keep_drafting` this step, all calls (measured live: each
+    # is a call between draft passes; 0 in replay, which models the model passes only)
+    keep_time_s: float = 0.0
 
     @property
     def emitted(self) -> np.ndarray:

@@ -44,8 +44,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, VerifyContext
+from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
+
+ASK_PROBE = 8  # a 1-deep step that would not ask still asks once in this many (see `DSpark._asking`)
+ASK_RATE = 0.1  # the running means' weight on a new 1-deep step that asked, after the first 10
 
 
 class _Prices:
@@ -83,22 +86,16 @@ class DSpark(DepthPolicy):
         streak: weight of the last confidence (vs the prior) in the next position's c-hat.
         lookahead: draft passes `keep_drafting` looks ahead (1: does the next pass pay; h: do
             the next h, for some h <= lookahead). On the replays 8 did no better than 1.
-        dynamic_from: with `dynamic`, drafting goes on dynamically only on steps whose plan
-            drafts at least this deep; on shallower ones the plan's budgets stand, and
-            `keep_drafting` is not asked. Each ask is a call into the controller between draft
-            passes, and on the bundled CPU pair it runs with the caches cold from the forward
-            (0.23-0.29 ms at batch 16, against ~25 us in a loop). Live A/B runs there (3-4 rounds
-            each): 2 gained 1.2-1.6% at batch 16, where the plan drafts 1 deep on most steps and
-            going on rarely paid; nothing at batch 4 and 64; and lost 3.5% at batch 1, where going
-            on pays. Hence 1 (always dynamic) by default.
+        weigh_asks: with `dynamic`, weigh what asking `keep_drafting` costs against what it
+            gains, on the steps whose plan drafts one position (see `_asking`).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
-                                           "dynamic": True, "streak": 0.5, "lookahead": 1, "dynamic_from": 1}
+                                           "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
-                 dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, dynamic_from: int = 1) -> None:
+                 dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -109,9 +106,12 @@ class DSpark(DepthPolicy):
         if int(lookahead) < 1:
             raise ValueError(f"{self.name}: lookahead must be >= 1, got {lookahead}")
         self.lookahead = int(lookahead)  # draft passes keep_drafting looks ahead
-        if int(dynamic_from) < 1:
-            raise ValueError(f"{self.name}: dynamic_from must be >= 1, got {dynamic_from}")
-        self.dynamic_from = int(dynamic_from)
+        self.weigh_asks = bool(weigh_asks)
+        # asking keep_drafting on 1-deep steps (see `_asking`): running means of its predicted gain
+        # (x the step time) and of its measured time, over the 1-deep steps that asked; the 1-deep
+        # steps since the last that asked; and (step, summed predicted gain) of the step asking now
+        self._ask_gain, self._ask_cost, self._ask_n, self._skipped = 0.0, 0.0, 0, 0
+        self._asking_now: tuple[int, float] = (-1, 0.0)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         self._plan_key: tuple[int, int, int] | None = None  # its prices' key
         # Per-step verify state (see the module docstring); it checks each call continues the last.
@@ -132,11 +132,46 @@ class DSpark(DepthPolicy):
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting)
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin, 0)
-        if self.dynamic and deepest >= self.dynamic_from:
+        if self.dynamic and deepest > 0 and self._asking(ctx.step, int(deepest)):
             budgets[budgets > 0], deepest = K, K
         self._plan_ctx, self._plan_key = ctx, prices.key
         self._passes = (ctx.step, int(deepest))
         return budgets
+
+    def _asking(self, step: int, deepest: int) -> bool:
+        """Whether this step drafts on dynamically, asking `keep_drafting` after every pass.
+
+        Each ask is a call into the controller between two draft passes. On a GPU host it is small
+        next to a step; on the bundled CPU pair it runs with the caches cold from the forward before
+        it, 0.23-0.29 ms at batch 16 (~25 us in a loop), about 1% of a step. When the plan drafts
+        one position, asking is what drafting beyond it takes, and its worth is learned: the
+        predicted gain in throughput of the passes the asks add (keep_kernel's Theta gain, times
+        the step's time) against the asks' measured time, as running means over the 1-deep steps
+        that asked (each time capped at twice the mean plus 1 ms: a first call loads compiled
+        code). While the gain falls short, 1-deep steps keep their plan, and one in `ASK_PROBE`
+        asks anyway, so the estimate follows a change. Deeper plans always ask (the asks also stop
+        them early). A replay reports no asking time: every step asks, as without `weigh_asks`.
+        Live A/B runs on the CPU pair (3-4 rounds each) of never asking on 1-deep steps: +1.2-1.6%
+        at batch 16, where going on rarely paid, nothing at batch 4 and 64, -3.5% at batch 1,
+        where it pays."""
+        if deepest == 1 and self.weigh_asks and self._ask_gain < self._ask_cost:
+            self._skipped += 1
+            if self._skipped < ASK_PROBE:
+                return False
+        if deepest == 1:
+            self._skipped, self._asking_now = 0, (step, 0.0)
+        return True
+
+    def observe(self, out: StepOutcome) -> None:
+        step, gain = self._asking_now
+        if step != out.step:
+            return
+        self._asking_now = (-1, 0.0)
+        self._ask_n += 1
+        w = max(ASK_RATE, 1.0 / self._ask_n)
+        spent = min(max(out.keep_time_s, 0.0), 2.0 * self._ask_cost + 1e-3)
+        self._ask_gain += w * (gain * out.step_time_s - self._ask_gain)
+        self._ask_cost += w * (spent - self._ask_cost)
 
     def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
         p = self._prices
@@ -153,9 +188,11 @@ class DSpark(DepthPolicy):
         p = self._prices
         if p is None or p.key != self._plan_key or p.cost is not pc.cost:  # else: the plan's prices
             p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
-        keep = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
-                           np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64), self.streak,
-                           p.target, p.pass_k, p.draft_all, self.margin, self.lookahead)
+        keep, gain = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
+                                 np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64),
+                                 self.streak, p.target, p.pass_k, p.draft_all, self.margin, self.lookahead)
+        if self._asking_now[0] == ctx.step:
+            self._asking_now = (ctx.step, self._asking_now[1] + gain)
         if not keep.any() and self._passes[0] == ctx.step:
             self._passes = (ctx.step, min(self._passes[1], j))  # drafting ends after pass j
         return keep

@@ -217,7 +217,8 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
 
 @njit(cache=True)
 def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prior: np.ndarray, streak: float,
-                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float, horizon: int = 1) -> np.ndarray:
+                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float,
+                horizon: int = 1) -> tuple[np.ndarray, float]:
     """dspark's keep-drafting rule after draft pass j (see policies/dspark.py).
 
     Position j + l of sequence r is worth s_{r,j} c_1 ... c_l expected tokens, c_l = c-hat_{r,j+l}:
@@ -240,13 +241,14 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
         horizon: passes looked ahead (1: does the next pass pay; more: do the next h, for some h).
 
     Returns:
-        (B,) bool: who drafts position j + 1.
+        (B,) bool: who drafts position j + 1; and the predicted relative gain in Theta of
+        drafting on (best Theta / Theta now - 1; 0 when nobody does).
     """
     n, j = conf.shape
     keep = np.zeros(n, np.bool_)
     horizon = min(horizon, prior.shape[1] - j)
     if horizon <= 0:
-        return keep
+        return keep, 0.0
     worth = np.zeros((n, horizon))  # (B, H) expected tokens from drafting 1..H more positions
     tau_now = float(n)
     n_now = n
@@ -266,7 +268,7 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
                 worth[r, h] = g
             any_drafting = any_drafting or worth[r, 0] > 0.0
     if not any_drafting:
-        return keep
+        return keep, 0.0
     # best first, ties by row: one int64 sort of (worth, row) keys, worth in steps of 2^-(62 - bits)
     # (finer than any difference that matters; a stable argsort costs twice as much)
     bits = 1
@@ -292,7 +294,8 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
         for k in range(best + 1):
             r = keys[k] & mask
             keep[r] = worth[r, 0] > 0.0
-    return keep
+        return keep, best_theta / theta_now - 1.0
+    return keep, 0.0
 
 
 @njit(cache=True)

@@ -49,6 +49,7 @@ class StepResult:
     context_tokens: int  # sum of committed lengths before the step
     failed: dict[int, Exception] = field(default_factory=dict)  # row -> error (that sequence only)
     policy_s: float = 0.0  # wall time inside keep_fn and verify_fn (the controller's decisions)
+    keep_s: float = 0.0  # of which inside keep_fn
 
 
 class PairRunner:
@@ -161,7 +162,7 @@ class PairRunner:
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
                           t1 - t0 - keep_s, target_s, passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, keep_s + t_verify)
+                          failed, keep_s + t_verify, keep_s)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
         """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts, and

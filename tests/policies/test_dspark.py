@@ -9,7 +9,7 @@ import pytest
 
 from policies.allocation import allocate, plan_budgets
 from policies.base import VerifyContext
-from policies.dspark import DSpark
+from policies.dspark import ASK_PROBE, DSpark
 from policies.registry import make_policy
 from policies.testing import LinearCost, make_plan_ctx
 
@@ -225,7 +225,7 @@ def test_parameters_and_registry() -> None:
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
-                                 "streak=0.5, lookahead=1, dynamic_from=1)")
+                                 "streak=0.5, lookahead=1, weigh_asks=True)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
@@ -249,18 +249,41 @@ def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> No
     assert static.keep_drafting(make_draft_ctx(conf, budgets=budgets, step=pctx.step)).all()
 
 
-def test_dynamic_from_leaves_shallow_plans_as_they_are() -> None:
-    from policies.testing import LinearCost
-    # a 10 ms target pass, 0.5 ms a verified token, 3 ms a draft pass: position 2 (0.9 x 0.3) does not pay
-    pctx = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=LinearCost(0.010, 0.0005, 0.003))
-    assert DSpark(dynamic=False).plan(pctx).tolist() == [1, 1]
-    assert DSpark().plan(pctx).tolist() == [8, 8]  # dynamic: the plan's depth becomes the ceiling K
-    assert DSpark(dynamic_from=2).plan(pctx).tolist() == [1, 1]  # too shallow to go on dynamically
-    deep = make_plan_ctx(2, prior_conf=0.9, cost=LinearCost(0.010, 0.0001, 0.0005))
-    assert DSpark(dynamic=False).plan(deep).max() >= 2
-    assert DSpark(dynamic_from=2).plan(deep).tolist() == [8, 8]
-    with pytest.raises(ValueError, match="dynamic_from"):
-        DSpark(dynamic_from=0)
+def _one_deep_step(policy: DSpark, step: int, keep_s: float, conf: float) -> list[int]:
+    """Plan a 2-sequence step whose plan drafts 1 deep; if it asks, ask after pass 1 with these
+    confidences; report the step with `keep_s` of asking. Returns the plan's budgets."""
+    from policies.base import StepOutcome
+    from policies.testing import make_draft_ctx
+    # a 10 ms target pass, 0.5 ms a verified token, 3 ms a draft pass: position 2 at the prior
+    # (0.9 x 0.3) does not pay, so the plan drafts 1 deep
+    cost = LinearCost(0.010, 0.0005, 0.003)
+    pctx = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=cost, step=step)
+    budgets = policy.plan(pctx)
+    if budgets.max() > 1:
+        policy.keep_drafting(make_draft_ctx(np.full((2, 1), conf), budgets=budgets.tolist(), step=step))
+    z, one = np.zeros(2, np.int64), np.ones(2, np.int64)
+    policy.observe(StepOutcome(step, np.arange(2), budgets, one, one, one, np.full((2, 1), 0.9),
+                               np.full((2, 1), 0.9), 0.02, 0.005, 0.015, np.full(2, 100), z[:0], keep_s))
+    return budgets.tolist()
+
+
+def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
+    shallow = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=LinearCost(0.010, 0.0005, 0.003))
+    assert DSpark(dynamic=False).plan(shallow).tolist() == [1, 1]  # the plan itself: 1 deep
+    # asking is free (as in a replay): every step asks (the plan's depth becomes the ceiling K)
+    free = DSpark()
+    assert all(_one_deep_step(free, s, 0.0, 0.5) == [8, 8] for s in range(20))
+    # asking costs 1 ms and never pays (doubtful chains: keep_drafting stops them): 1-deep steps
+    # keep their plan, but one in ASK_PROBE still asks
+    dear = DSpark()
+    asked = [_one_deep_step(dear, s, 1e-3, 0.3) == [8, 8] for s in range(40)]
+    assert asked[0] and sum(asked[10:]) == 30 // ASK_PROBE and not any(asked[1:ASK_PROBE])
+    # ... until confident chains (keep_drafting drafts on: a predicted gain of 4% of a 20 ms step)
+    # and cheaper asks (0.2 ms) make asking pay again: the probes see it, and every step asks
+    asked = [_one_deep_step(dear, s, 2e-4, 0.99) == [8, 8] for s in range(40, 240)]
+    assert not all(asked[:20]) and all(asked[-50:])
+    # without weigh_asks, or with a plan deeper than 1, every step asks
+    assert all(_one_deep_step(DSpark(weigh_asks=False), s, 1e-3, 0.3) == [8, 8] for s in range(20))
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:

@@ -124,7 +124,7 @@ def _keep(conf, drafted, prior_next, times, pass_one=1e-3, pass_all=2e-3, streak
     prior = np.zeros((b, depth))
     prior[:, j] = prior_next  # positions past j + 1: rate 0 (one pass of lookahead)
     return keep_kernel(np.asarray(conf, float), np.asarray(drafted, np.int64), np.full(b, depth, np.int64), prior,
-                       streak, np.asarray(times, float), pass_k, pass_all, 0.0)
+                       streak, np.asarray(times, float), pass_k, pass_all, 0.0)[0]
 
 
 def test_keep_kernel_by_hand() -> None:
@@ -163,8 +163,8 @@ def test_keep_kernel_counts_no_worth_past_a_budget() -> None:
     times = np.full(12, 0.020)
     conf, drafted, prior = np.array([[0.95], [0.3]]), np.array([1, 1]), np.full((2, 8), 0.9)
     args = (prior, 0.5, times, np.array([2e-3, 2.1e-3]), 1e-3, 0.0)  # a second row costs 0.1 ms more
-    assert keep_kernel(conf, drafted, np.array([8, 8]), *args).tolist() == [True, True]
-    assert keep_kernel(conf, drafted, np.array([1, 8]), *args).tolist() == [False, False]
+    assert keep_kernel(conf, drafted, np.array([8, 8]), *args)[0].tolist() == [True, True]
+    assert keep_kernel(conf, drafted, np.array([1, 8]), *args)[0].tolist() == [False, False]
 
 
 def test_keep_kernel_can_look_past_a_step_in_the_step_time() -> None:
@@ -174,6 +174,6 @@ def test_keep_kernel_can_look_past_a_step_in_the_step_time() -> None:
     times = np.array([0.0, 0.010, 0.011, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015])
     conf, drafted, prior = np.array([[0.8]]), np.array([1]), np.full((1, 8), 0.8)
     args = (prior, 0.5, times, np.array([1e-3]), 1e-3, 0.0)
-    assert not keep_kernel(conf, drafted, np.array([8]), *args, 1)[0]
-    assert keep_kernel(conf, drafted, np.array([8]), *args, 8)[0]
-    assert not keep_kernel(conf, drafted, np.array([2]), *args, 8)[0]  # its budget ends at 2
+    assert not keep_kernel(conf, drafted, np.array([8]), *args, 1)[0][0]
+    assert keep_kernel(conf, drafted, np.array([8]), *args, 8)[0][0]
+    assert not keep_kernel(conf, drafted, np.array([2]), *args, 8)[0][0]  # its budget ends at 2
