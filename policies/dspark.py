@@ -14,7 +14,8 @@ Each step (DESIGN.md "Allocation"):
   pass is drafted for the sequences (best first) that raise the step's predicted throughput
   tau / (draft time + target time) once its cost is paid; otherwise drafting stops. With it, the
   plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
-  drafts are paid only where the confidences say they will likely be verified.
+  drafts are paid only where the confidences say they will likely be verified. On steps whose
+  plan drafts one position, drafting goes on this way only while asking has paid (`_asking`).
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r. The draft passes already run are part of the
   step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
