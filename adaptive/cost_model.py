@@ -380,8 +380,9 @@ def _monotone_fast(table: np.ndarray) -> np.ndarray:
     line becomes the midpoint of its running max from the left and running min from the right.
     That is the line itself where it is already monotone, and, like `_monotone`, it is order-
     preserving and scale-equivariant (so a cell moved by at most (1 + s) moves the result by at
-    most that factor, and the second pass keeps the first's order). Used for the online refresh,
-    where corrections leave at most small dents in the (PAV-fitted) profiled table."""
+    most that factor, and the second pass keeps the first's order). The numpy statement of
+    `cost_kernels.monotone_kernel`, which the online refresh runs: corrections leave at most small
+    dents in the (PAV-fitted) profiled table."""
     out = table
     for axis in (1, 0):
         up = np.maximum.accumulate(out, axis=axis)

@@ -130,9 +130,11 @@ class DSpark(DepthPolicy):
         B, K = ctx.batch_size, ctx.max_depth
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         # = plan_budgets(ctx.prior_survival, ...), compiled; with `dynamic` the plan's depth becomes a
-        # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting)
+        # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting),
+        # unless the plan is 1 deep and asking does not pay: decided on the plan's depth, so the
+        # ceiling is set here rather than by plan_kernel's `ceiling`
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
-                                       prices.draft_all if self.price_draft else 0.0, self.margin, 0)
+                                       prices.draft_all if self.price_draft else 0.0, self.margin)
         if self.dynamic and deepest > 0 and self._asking(ctx.step, int(deepest)):
             budgets[budgets > 0], deepest = K, K
         self._plan_ctx, self._plan_key = ctx, prices.key

@@ -154,7 +154,8 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
         times: (>= B K + 1,) target time with B + k tokens, k = 0, 1, ...
         pass_time: seconds of one draft pass over the batch (0: not priced).
         margin: minimum relative Theta gain to admit a slot.
-        ceiling: > 0: every positive budget becomes this (dspark's dynamic depth).
+        ceiling: > 0: every positive budget becomes this (a dynamic depth's ceiling; dspark sets
+            its own after the plan, as whether to apply it depends on the plan's depth).
 
     Returns:
         (B,) int64 budgets, and the largest.
