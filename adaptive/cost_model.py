@@ -42,8 +42,11 @@ class CostModel(ABC):
     kind: ClassVar[str] = ""
 
     @abstractmethod
-    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
-        """One target pass over `n_tokens` step tokens (vectorised) with `context_tokens` of KV."""
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0,
+                    batch_size: int = 0) -> np.ndarray | float:
+        """One target pass over `n_tokens` step tokens (vectorised) with `context_tokens` of KV,
+        for a step of `batch_size` sequences (0: not known; only a model that measured step shapes
+        uses it, see `ProfiledCost`)."""
 
     @abstractmethod
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
@@ -53,23 +56,31 @@ class CostModel(ABC):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description; `CostModel.from_dict` inverts it."""
 
-    def target_by_n(self, size: int, context_tokens: int = 0) -> np.ndarray:
+    def target_by_n(self, size: int, context_tokens: int = 0, batch_size: int = 0) -> np.ndarray:
         """(size,) float64 `target_time(N)` for N = 0..size-1: the same numbers, which a model may
         compute faster (policies price a whole step's table each step)."""
-        return np.asarray(self.target_time(np.arange(size), context_tokens), np.float64)
+        return np.asarray(self.target_time(np.arange(size), context_tokens, batch_size), np.float64)
+
+    def at_batch(self, batch_size: int) -> "CostModel":
+        """The model as one step of `batch_size` sequences sees it, with the `StepCost` signature
+        policies call (`target_time(N, ctx)`): itself, unless it prices step shapes (`ProfiledCost`
+        with a decode table), which returns a view bound to that batch."""
+        return self
 
     # Seconds a step takes outside the two models' passes (scheduling, sampling, the controller):
     # `step_overhead_s` every step pays, whatever its depth (included in `target_time`), and
     # `pass_overhead_s` more for each draft pass (included in `draft_time`). 0 unless a model learns them.
     step_overhead_s: float = 0.0
     pass_overhead_s: float = 0.0
+    # whether `observe` refines the model (a policy may then show it steps it would not take)
+    learns: bool = False
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
                 draft_passes: int, draft_s: float, overhead_s: float | None = None,
-                overhead_passes: int = 0) -> None:
-        """Refine from one measured step (target pass, `draft_passes` draft passes) and one step's
-        time outside its passes (`overhead_s`, of a step with `overhead_passes` draft passes: the
-        engine reports the last complete step's). Default: no-op."""
+                overhead_passes: int = 0, batch_size: int = 0) -> None:
+        """Refine from one measured step of `batch_size` sequences (target pass, `draft_passes`
+        draft passes) and one step's time outside its passes (`overhead_s`, of a step with
+        `overhead_passes` draft passes: the engine reports the last complete step's). Default: no-op."""
         return None
 
     def sps(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
@@ -132,7 +143,8 @@ class FixedCost(CostModel):
         if not (self.target_ms > 0 and self.draft_ms >= 0):
             raise ValueError(f"need target_ms > 0 and draft_ms >= 0, got {self}")
 
-    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0,
+                    batch_size: int = 0) -> np.ndarray | float:
         return _like(np.full(np.shape(n_tokens), self.target_ms * 1e-3), n_tokens)
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
@@ -255,7 +267,8 @@ class RooflineCost(CostModel):
         memory = (weights + kv * context_tokens) / bandwidth
         return np.maximum(compute, memory) + overhead
 
-    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0,
+                    batch_size: int = 0) -> np.ndarray | float:
         n = np.asarray(n_tokens, dtype=np.float64)
         return _like(self._pass("target", n, context_tokens), n_tokens)
 
@@ -263,7 +276,7 @@ class RooflineCost(CostModel):
     def _compute_rows(self) -> dict[int, np.ndarray]:
         return {}  # size -> the compute term for N = 0..size-1 (it does not depend on the context)
 
-    def target_by_n(self, size: int, context_tokens: int = 0) -> np.ndarray:
+    def target_by_n(self, size: int, context_tokens: int = 0, batch_size: int = 0) -> np.ndarray:
         flops, peak, weights, kv, bandwidth, overhead = self._terms["target"]
         compute = self._compute_rows.get(size)
         if compute is None:
@@ -323,6 +336,10 @@ class _Interp:
             # = _row(self.table, self.ctx_grid, self.x_ext, ctx), compiled
             self._row, self._ctx = row_kernel(self.table, self.ctx_grid, self.x_ext, float(ctx), _FAR), ctx
         return self._row
+
+    def grid_at(self, x: np.ndarray) -> np.ndarray:
+        """(Nc, len(x)) the table at every context of its grid, at x."""
+        return np.array([self(c, x) for c in self.ctx_grid])
 
     def __call__(self, ctx: float, x: Any) -> np.ndarray:
         row = self.row(float(ctx))
@@ -396,7 +413,17 @@ class ProfiledCost(CostModel):
     """Measured step times, interpolated (piecewise linear, extrapolated linearly on the right).
 
     Tables are (context grid x token grid) for the target and (context grid x batch grid) for one
-    draft pass. Online refinement has two parts. A shared *speed* log-correction scales every
+    draft pass. The target's table times N step tokens in one shape, N / 4 sequences of 4; a
+    decode step is B sequences of 1 to K + 1 tokens. Given the step's batch size B (`at_batch`,
+    which the controller hands policies each step), a model profiled with a decode table (the
+    target at B sequences of one token, `decode_s`) prices every N of that step as the table plus
+    the decode shape's offset at N = B: the step without drafts is then what was measured in its
+    own shape. On the bundled pair (2-core CPU, ~128 context tokens a sequence) 64 x 1 tokens took
+    15.5 ms where the table's 16 x 4 read 18.4, and 64 x 2 took 21.5 against the table's 24.3 at
+    N = 128: the table's ratio (1.32) made drafting look cheaper than it is (1.39; the offset gives
+    1.38); in another session's profile its ratio was 1.51, dearer. A policy the table misled
+    never took the other step, so the online corrections never saw it. At 64 x 4 the shapes meet
+    (34.0 ms measured; the table plus the offset, 34.4). Online refinement has two parts. A shared *speed* log-correction scales every
     prediction, target and draft alike: a busy spell of a shared machine slows both models, and
     moving them together keeps the table's shape (the draft/target ratio, the step-time knee),
     which is what depth decisions rest on. A log-correction per grid cell learns the shape's
@@ -420,7 +447,7 @@ class ProfiledCost(CostModel):
     draft passes` (a least-squares line through what the engine reports, from exponentially
     weighted moments: a running mean over the first 2 / lr steps, then 2 / lr steps' memory;
     the slope ridge-shrunk toward its last value, so a run whose passes hardly vary keeps it;
-    both kept >= 0). `target_time`
+    both kept >= 0), one line per bucket of batch sizes (`_overhead_bucket`). `target_time`
     includes the first, since every step pays it whatever its depth: on this CPU at batch 1 it
     is 1-2 ms next to an 8 ms target pass, and leaving it out made a step of one token look
     cheaper than it is, against deeper steps. `draft_time` includes the second: each draft
@@ -439,6 +466,7 @@ class ProfiledCost(CostModel):
                  speed_share: float = 0.67, speed_lr: float = 0.45, speed_max_step: float = 0.09,
                  step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
                  overhead_moments: Any = None, draft_ratio_logcorr: float = 0.0, draft_steps: float = 0.0,
+                 decode_s: Any = None, overhead_bucket: int = 0, overhead_lines: Any = None,
                  meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
         self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
@@ -470,7 +498,21 @@ class ProfiledCost(CostModel):
         self._moments = np.array([0.0 if step_overhead_s == 0 else 2 / lr, 0.0, step_overhead_s, 0.0, 0.0]) \
             if overhead_moments is None \
             else np.asarray(overhead_moments, np.float64).reshape(5)
+        # the line above is the overhead bucket `_bucket`'s; the other buckets' (moments, step,
+        # pass) wait here (see `_overhead_bucket`)
+        self._bucket = int(overhead_bucket)
+        self._lines: dict[int, tuple[np.ndarray, float, float]] = {
+            int(k): (np.asarray(v[:5], np.float64), float(v[5]), float(v[6])) for k, v in (overhead_lines or {}).items()}
         self.base_target, self.base_draft = _monotone(self.base_target), _monotone(self.base_draft)
+        # (Nc, Nb) the target's pass at B sequences of one token each (the decode shape), or None
+        self.base_decode = None if decode_s is None else \
+            _monotone(np.asarray(decode_s, np.float64).reshape(len(self.ctx_grid), -1))
+        if self.base_decode is not None:
+            if self.base_decode.shape[1] != len(self.batch_grid) or not np.all(self.base_decode > 0):
+                raise ValueError("decode_s must be positive, one row per context over the draft batch grid")
+            # the decode shape's offset to the table at N = B tokens: fixed (profiled, uncorrected)
+            self._offset_f = _Interp(self.base_decode - _Interp(self.base_target, self.ctx_grid, self.token_grid)
+                                     .grid_at(self.batch_grid), self.ctx_grid, self.batch_grid)
         self.lr, self.max_step, self.frozen = float(lr), float(max_step), bool(frozen)
         self.target_logcorr = np.zeros_like(self.base_target) if target_logcorr is None \
             else np.asarray(target_logcorr, np.float64).reshape(self.base_target.shape)
@@ -500,11 +542,21 @@ class ProfiledCost(CostModel):
             self._refresh()
         return self._draft_table
 
-    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0) -> np.ndarray | float:
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0,
+                    batch_size: int = 0) -> np.ndarray | float:
         if self._dirty:
             self._refresh()
-        return _like(self._target_f(context_tokens, n_tokens) * math.exp(self.speed_logcorr) + self.step_overhead_s,
-                     n_tokens)
+        t = self._target_f(context_tokens, n_tokens)
+        if batch_size > 0 and self.base_decode is not None:  # priced in the step's shape (class doc)
+            t = np.maximum(t + float(self._offset_f(context_tokens, min(batch_size, self.batch_grid[-1]))), 0.5 * t)
+        return _like(t * math.exp(self.speed_logcorr) + self.step_overhead_s, n_tokens)
+
+    @property
+    def learns(self) -> bool:
+        return not self.frozen
+
+    def at_batch(self, batch_size: int) -> CostModel:
+        return self if self.base_decode is None or batch_size <= 0 else _AtBatch(self, batch_size)
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         if self._dirty:
@@ -531,6 +583,23 @@ class ProfiledCost(CostModel):
         bound = math.log(4.0)
         r = min(max(math.log(observed / predicted), -bound), bound)
         self.draft_ratio_logcorr += max(self.lr / 2, 1.0 / self.draft_steps) * r
+
+    def _overhead_bucket(self, batch_size: int) -> None:
+        """Switch the overhead line to `batch_size`'s bucket (batch sizes of one power of two).
+
+        The time outside the passes grows with the batch (per-sequence bookkeeping: 0.4 ms a step
+        at batch 1, 1.9 ms at 64 without drafts on the bundled pair), so one line through steps of
+        every batch size fits the batch's changes instead of the passes' (after a warm-up of
+        8-pass steps at batch 32, steps of 0 and 1 pass at batch 64 fitted a slope near 0 against a
+        measured 1.2 ms). A bucket first seen starts from the line in use, its intercept refitted
+        from its first step, its slope kept until its own steps' passes vary."""
+        bucket = int(batch_size).bit_length()
+        if bucket == self._bucket:
+            return
+        self._lines[self._bucket] = (self._moments, self.step_overhead_s, self.pass_overhead_s)
+        self._moments, self.step_overhead_s, self.pass_overhead_s = self._lines.pop(
+            bucket, (np.zeros(5), self.step_overhead_s, self.pass_overhead_s))
+        self._bucket = bucket
 
     def _learn_overhead(self, seconds: float, passes: int) -> None:
         """One step's time outside its passes: move the moments, refit the line (see class doc)."""
@@ -565,18 +634,21 @@ class ProfiledCost(CostModel):
 
     def observe(self, n_tokens: int, context_tokens: int, target_s: float, draft_batch: int,
                 draft_passes: int, draft_s: float, overhead_s: float | None = None,
-                overhead_passes: int = 0) -> None:
+                overhead_passes: int = 0, batch_size: int = 0) -> None:
         """Bounded multiplicative correction of the cells around this step (see class doc).
         The draft's time is attributed per pass at `draft_batch` (its first, largest pass).
-        `overhead_s` (of a step with `overhead_passes` draft passes) refits the overhead line."""
+        `overhead_s` (of a step with `overhead_passes` draft passes) refits the overhead line.
+        The target pass is predicted at the step's `batch_size` (0: not known)."""
         if self.frozen:
             return
         if overhead_s is not None and math.isfinite(overhead_s):
+            if batch_size > 0:
+                self._overhead_bucket(batch_size)
             self._learn_overhead(overhead_s, overhead_passes)
         ratios = []
         if n_tokens > 0:
             ratios.append(self._correct(self.target_logcorr, self.token_grid, n_tokens, context_tokens, target_s,
-                                        self.target_time(n_tokens, context_tokens) - self.step_overhead_s))
+                                        self.target_time(n_tokens, context_tokens, batch_size) - self.step_overhead_s))
         if draft_passes > 0 and draft_batch > 0:
             per_pass = draft_s / draft_passes
             self._learn_draft_ratio(per_pass, self._pass_time(draft_batch, context_tokens))
@@ -598,10 +670,34 @@ class ProfiledCost(CostModel):
                 "speed_share": self.speed_share, "speed_lr": self.speed_lr, "speed_max_step": self.speed_max_step,
                 "step_overhead_s": self.step_overhead_s,
                 "pass_overhead_s": self.pass_overhead_s, "overhead_moments": self._moments.tolist(),
-                "draft_ratio_logcorr": self.draft_ratio_logcorr, "draft_steps": self.draft_steps, "meta": self.meta}
+                "overhead_bucket": self._bucket,
+                "overhead_lines": {str(k): [*m.tolist(), a, b] for k, (m, a, b) in self._lines.items()},
+                "draft_ratio_logcorr": self.draft_ratio_logcorr, "draft_steps": self.draft_steps,
+                **({} if self.base_decode is None else {"decode_s": self.base_decode.tolist()}), "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+class _AtBatch:
+    """A `ProfiledCost` bound to one step's batch size (`ProfiledCost.at_batch`): the `StepCost`
+    calls policies make price the target in that step's shape; everything else is the model's."""
+
+    def __init__(self, model: ProfiledCost, batch_size: int) -> None:
+        self.model, self.batch_size = model, int(batch_size)
+
+    def target_time(self, n_tokens: np.ndarray | int, context_tokens: int = 0,
+                    batch_size: int = 0) -> np.ndarray | float:
+        return self.model.target_time(n_tokens, context_tokens, batch_size or self.batch_size)
+
+    def target_by_n(self, size: int, context_tokens: int = 0, batch_size: int = 0) -> np.ndarray:
+        return self.model.target_by_n(size, context_tokens, batch_size or self.batch_size)
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        return self.model.draft_time(batch_size, context_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
 
 COST_KINDS: dict[str, type[CostModel]] = {k.kind: k for k in (FixedCost, RooflineCost, ProfiledCost)}

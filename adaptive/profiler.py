@@ -2,7 +2,8 @@
 
 A target step of N step tokens is timed as a verification pass really runs: ceil(N / T)
 sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), logits on, each
-sequence holding an equal share of `context_tokens` in the KV cache. The cache is only advanced,
+sequence holding an equal share of `context_tokens` in the KV cache; and in the decode shape, as a
+step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table). The cache is only advanced,
 never filled: attention cost depends on lengths, not values. A draft pass is `batch` sequences of
 one token. Each point is the median of `repeats` timed forwards, each after a warm-up forward;
 the grid is timed in `repeats` passes, every pass in a fresh shuffled order, so a slow spell of a
@@ -103,23 +104,24 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
     if repeats < 1 or tokens_per_seq < 1 or min(token_grid) < 1 or min(draft_batch_grid) < 1:
         raise ValueError("repeats, tokens_per_seq and grid sizes must be >= 1")
     points = [("target", n, c) for c in ctx_grid for n in token_grid] + \
-        [("draft", b, c) for c in ctx_grid for b in draft_batch_grid]
+        [(kind, b, c) for kind in ("draft", "decode") for c in ctx_grid for b in draft_batch_grid]
     samples: dict[tuple[str, int, int], list[float]] = {p: [] for p in points}
     order = random.Random(0)
     for _ in tqdm(range(repeats), desc="profiling (passes over the grid)", unit="pass", disable=not progress):
         order.shuffle(points)
         for kind, n, c in points:
-            model, per_seq = (target, tokens_per_seq) if kind == "target" else (draft, 1)
+            model, per_seq = {"target": (target, tokens_per_seq), "draft": (draft, 1), "decode": (target, 1)}[kind]
             samples[kind, n, c].append(time_forward(model, n, c, per_seq, 1))
     target_s = np.array([[np.median(samples["target", n, c]) for n in token_grid] for c in ctx_grid])  # (Nc, Nt)
-    draft_s = np.array([[np.median(samples["draft", b, c]) for b in draft_batch_grid] for c in ctx_grid])  # (Nc, Nb)
+    draft_s, decode_s = (np.array([[np.median(samples[kind, b, c]) for b in draft_batch_grid] for c in ctx_grid])
+                         for kind in ("draft", "decode"))  # (Nc, Nb) each
     meta = {"device": str(device), "device_name": _device_name(device),
             "dtype": str(target.embed.weight.dtype).removeprefix("torch."),
             "target_params": target.num_params(), "draft_params": draft.num_params(),
             "repeats": repeats, "tokens_per_seq": tokens_per_seq, "torch": torch.__version__,
-            "raw_target_s": target_s.tolist(), "raw_draft_s": draft_s.tolist()}
+            "raw_target_s": target_s.tolist(), "raw_draft_s": draft_s.tolist(), "raw_decode_s": decode_s.tolist()}
     # ProfiledCost makes the tables monotone; the raw medians stay in meta for inspection.
-    return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, meta=meta)
+    return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, decode_s=decode_s, meta=meta)
 
 
 def _device_name(device: torch.device) -> str:

@@ -68,7 +68,7 @@ def build_cost(spec: str, pair, device: str):
     from adaptive.cost_model import load_cost
     from adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-    key = f"profile-v3-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"  # v3: packed ragged passes
+    key = f"profile-v4-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"  # v4: with the decode shape
     path = cache / key
     if path.exists():
         return load_cost(path)

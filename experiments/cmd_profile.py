@@ -79,6 +79,11 @@ def summary(cost: ProfiledCost) -> str:
     lines.append("draft pass ms    " + " ".join(f"{int(b):>7d}" for b in cost.batch_grid) + "   (batch)")
     for c, row in zip(cost.ctx_grid, cost.draft_table):
         lines.append(f"  ctx {int(c):>9d}  " + " ".join(f"{t * 1e3:7.2f}" for t in row))
+    if cost.base_decode is not None:
+        lines.append("target decode ms " + " ".join(f"{int(b):>7d}" for b in cost.batch_grid)
+                     + "   (batch of 1 token each, as a step without drafts)")
+        for c, row in zip(cost.ctx_grid, cost.base_decode):
+            lines.append(f"  ctx {int(c):>9d}  " + " ".join(f"{t * 1e3:7.2f}" for t in row))
     lines.append("knee (step tokens where step time starts growing at least half as fast as N): "
                  + ", ".join(f"ctx {int(c)}: {cost.knee(int(c), max_tokens=4 * int(cost.token_grid[-1]))}"
                              for c in cost.ctx_grid))
@@ -100,6 +105,9 @@ def plot_profile(cost: ProfiledCost, path: Path) -> None:
         ax_t.plot(cost.token_grid, np.asarray(cost.target_time(cost.token_grid, int(c))) * 1e3, "o",
                   color=line.get_color(), ms=3)
         ax_p.plot(n, t / n, color=line.get_color())
+        if cost.base_decode is not None:  # B sequences of one token: the step without drafts
+            ax_t.plot(cost.batch_grid, cost.base_decode[list(cost.ctx_grid).index(c)] * 1e3, "x",
+                      color=line.get_color(), ms=5)
     for ax in (ax_t, ax_p):
         ax.set_xscale("log", base=2)
         ax.axvspan(1, knee, color="tab:green", alpha=0.08)
@@ -108,7 +116,7 @@ def plot_profile(cost: ProfiledCost, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
     ax_t.text(knee, ax_t.get_ylim()[1] * 0.95, f" knee ~{knee} (context 0)", color="tab:green", va="top")
     ax_t.text(1.1, ax_t.get_ylim()[1] * 0.85, "free compute:\nflat step time", color="tab:green", va="top")
-    ax_t.set_ylabel("target step time (ms)")
+    ax_t.set_ylabel("target step time (ms); x: B sequences x 1 token")
     ax_t.legend(fontsize=8, loc="center left")
     ax_p.set_yscale("log")
     ax_p.set_ylabel("time per step token (ms)")

@@ -175,8 +175,10 @@ def test_profile_quick_on_tiny_model(one_thread):
     assert np.all(c.target_table > 0) and np.all(np.diff(c.target_table, axis=1) >= 0)
     assert c.meta["target_params"] == target.num_params()
     assert c.target_time(1) > 0 and c.draft_time(4) > 0
+    assert c.base_decode.shape == (len(c.ctx_grid), len(c.batch_grid)) and np.all(c.base_decode > 0)
     back = CostModel.from_json(c.to_json())
     assert back.target_time(37, 100) == c.target_time(37, 100)
+    assert back.target_time(37, 100, 8) == c.target_time(37, 100, 8)
 
 
 def test_fast_monotone_refresh_keeps_order_and_bounds():
@@ -290,3 +292,54 @@ def test_compiled_refresh_and_rows_are_the_numpy_statements():
         x_ext = np.append(x_grid, _FAR) if shape[1] > 1 else np.array([0.0, _FAR])
         for ctx in (0.0, ctx_grid[0], ctx_grid.mean(), ctx_grid[-1], 3 * ctx_grid[-1]):
             np.testing.assert_array_equal(row_kernel(t, ctx_grid, x_ext, float(ctx), _FAR), _row(t, ctx_grid, x_ext, ctx))
+
+
+def test_a_decode_table_prices_each_step_in_its_own_shape():
+    """The target's table times N tokens as N / 4 sequences of 4; a step of B sequences without
+    drafts is B x 1. With a decode table the step's batch size prices every N of that step as the
+    table plus the decode shape's measured offset at N = B."""
+    plain = make_profiled()
+    decode = plain.target_table[:, [0, 3, 6]] * np.array([1.0, 0.9, 0.8])  # (3 ctx, batch 1, 8, 64): B x 1 is cheaper
+    c = make_profiled(decode_s=decode)
+    n = np.arange(64, 9 * 64 + 1)
+    offset = decode[1, 2] - plain.target_table[1, 6]  # at B = 64, on the grid's context 1000
+    np.testing.assert_allclose(c.target_time(n, 1000, 64), plain.target_time(n, 1000) + offset)
+    assert c.target_time(64, 1000, 64) == pytest.approx(decode[1, 2])  # the step without drafts: as measured
+    np.testing.assert_array_equal(c.target_time(n, 1000), plain.target_time(n, 1000))  # no batch: the table
+    view = c.at_batch(64)  # what a policy sees: StepCost's signature, bound to the step's batch
+    assert isinstance(view, StepCost)
+    np.testing.assert_array_equal(view.target_time(n, 1000), c.target_time(n, 1000, 64))
+    np.testing.assert_array_equal(view.target_by_n(600, 1000), c.target_time(np.arange(600), 1000, 64))
+    assert view.draft_time(8, 1000) == c.draft_time(8, 1000) and view.step_overhead_s == c.step_overhead_s
+    assert plain.at_batch(64) is plain and FixedCost().at_batch(64) == FixedCost()  # nothing to bind
+    back = CostModel.from_json(c.to_json())  # the decode table travels; a JSON without one still loads
+    np.testing.assert_array_equal(back.target_time(n, 1000, 64), c.target_time(n, 1000, 64))
+    assert "decode_s" not in plain.to_dict()
+    with pytest.raises(ValueError, match="decode_s"):
+        make_profiled(decode_s=decode[:, :2])
+
+
+def test_the_step_overhead_line_is_kept_per_batch_size_bucket():
+    """Time outside the passes grows with the batch. Steps of 8 passes at batch 32 (no spread in
+    the passes) then steps of 0 or 1 pass at batch 64 fitted, in one line, a slope near 0; each
+    bucket of batch sizes now has its own line, which starts from the one in use."""
+    c = make_profiled()
+    args = (24, 2000, c.target_time(24, 2000), 8, 0, 0.0)
+    for _ in range(60):  # batch 32: 8 passes every step, 3 ms outside them
+        c.observe(*args, overhead_s=3e-3, overhead_passes=8, batch_size=32)
+    line32 = (c.step_overhead_s, c.pass_overhead_s)
+    assert c.step_overhead_s + 8 * c.pass_overhead_s == pytest.approx(3e-3, rel=0.01)
+    rng = np.random.default_rng(1)
+    for i in range(200):  # batch 64: 2 ms, plus 1.2 ms when it drafts (one pass), one step in 16 without
+        p = int(i % 16 != 0)
+        c.observe(*args, overhead_s=2e-3 + 1.2e-3 * p + rng.uniform(-1e-4, 1e-4), overhead_passes=p, batch_size=64)
+    assert c.pass_overhead_s == pytest.approx(1.2e-3, rel=0.15) and c.step_overhead_s == pytest.approx(2e-3, rel=0.1)
+    line64 = (c.step_overhead_s, c.pass_overhead_s)
+    c.observe(*args, overhead_s=3e-3, overhead_passes=8, batch_size=33)  # same bucket as 32: its line comes back
+    assert c.step_overhead_s + 8 * c.pass_overhead_s == pytest.approx(3e-3, rel=0.01)
+    assert c.pass_overhead_s == pytest.approx(line32[1], abs=1e-12)
+    back = CostModel.from_dict(c.to_dict())
+    back.observe(*args, overhead_s=line64[0] + line64[1], overhead_passes=1, batch_size=100)
+    c.observe(*args, overhead_s=line64[0] + line64[1], overhead_passes=1, batch_size=100)
+    assert (back.step_overhead_s, back.pass_overhead_s) == (c.step_overhead_s, c.pass_overhead_s)
+    assert c.pass_overhead_s == pytest.approx(line64[1], rel=0.05)
