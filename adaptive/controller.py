@@ -44,6 +44,15 @@ class Controller:
         self.cost_track: list[tuple[float, float, float, float, float, float]] | None = None
         self.fallbacks: Counter[str] = Counter()
         self._causal = policy.overrides("verify")
+        self._view: tuple[int, int, Any] = (-1, -1, None)  # (step, batch size, the cost policies see)
+
+    def step_cost(self, step: int, batch_size: int) -> Any:
+        """The cost model as this step's policy calls see it: bound to the step's batch size when
+        the model prices step shapes (`CostModel.at_batch`), the same object for every call of a step."""
+        if self._view[:2] != (step, batch_size):
+            at = getattr(self.cost, "at_batch", None)
+            self._view = (step, batch_size, at(batch_size) if at else self.cost)
+        return self._view[2]
 
     # ---- safety rails -----------------------------------------------------------------------
     def _fault(self, kind: str, detail: str) -> None:
@@ -86,7 +95,8 @@ class Controller:
     def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
         B = len(seq_ids)
         ctx = PlanContext(step, seq_ids, context_lens, self.max_depth,
-                          self.acceptance.prior_conf(seq_ids, self.max_depth), self.cost)
+                          self.acceptance.prior_conf(seq_ids, self.max_depth), self.step_cost(step, B),
+                          cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
         off = np.zeros(B, np.int64)
         val, ok = self._call("plan", self.policy.plan, ctx)
         return self._ints("plan", val, B, 0, self.max_depth, off) if ok else off
@@ -128,7 +138,7 @@ class Controller:
                 break
             # copies: a view would carry the later columns in its .base
             ctx = VerifyContext(step, seq_ids, context_lens, np.minimum(drafted, j), conf[:, :j].copy(),
-                                top1[:, :j].copy(), self.cost)
+                                top1[:, :j].copy(), self.step_cost(step, B))
             val, ok = self._call("verify", self.policy.verify, ctx)
             if not ok:
                 return np.zeros(B, np.int64)  # fall back to `off` for this step
@@ -141,12 +151,13 @@ class Controller:
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
                 finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None,
-                overhead_passes: int = 0, keep_s: float = 0.0) -> None:
+                overhead_passes: int = 0, keep_s: float = 0.0, first_pass_s: float = 0.0) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
         this controller computed in the step's verify; a remote replica passes its own).
         `overhead_s`: a step's time outside the model passes, for the cost model (the engine
         reports its last complete step's), and `overhead_passes` that step's draft passes.
-        `keep_s`: the seconds the step spent in the `keep_drafting` callback (the policy sees it)."""
+        `keep_s`: the seconds the step spent in the `keep_drafting` callback, and `first_pass_s`
+        those of its first draft pass (0: not measured); the policy sees both."""
         own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
@@ -158,14 +169,14 @@ class Controller:
         n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
         if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
             o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
-            self.cost_track.append((float(self.cost.target_time(n_tok, ctx)) - o_step,
+            self.cost_track.append((float(self.cost.target_time(n_tok, ctx, len(seq_ids))) - o_step,
                                     draft_passes * (float(self.cost.draft_time(len(seq_ids), ctx)) - o_pass),
                                     o_step + o_pass * draft_passes, target_s, draft_s, overhead_s))
         if self.learn_cost:
             self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,
-                              overhead_passes)
+                              overhead_passes, batch_size=len(seq_ids))
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
-                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s)
+                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s, first_pass_s)
         self._call("observe", self.policy.observe, out)
         if len(finished):
             self.acceptance.forget(finished)

@@ -215,7 +215,7 @@ class Engine:
             ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
                         res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
                         np.array(self.finished_ids, dtype=np.int64), overhead_s=over_s, overhead_passes=over_passes,
-                        keep_s=res.keep_s)
+                        keep_s=res.keep_s, first_pass_s=res.first_pass_s)
         st = self.stats
         st.steps += 1
         st.draft_s += res.draft_s

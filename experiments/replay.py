@@ -42,6 +42,7 @@ from adaptive.cost_model import CostModel, parse_cost
 from experiments.traces import TraceSet
 from policies.base import DepthPolicy
 from policies.registry import make_policy
+from workers.padding import free_verify
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023"
 AZURE_NAMES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
@@ -194,13 +195,13 @@ class _Sim:
         past = np.arange(J)[None, :] >= drafted[:, None]  # (B, J) never drafted
         top1[past], ent[past] = 0.0, 0.0
         verify = self.ctl.verify_fn(step, ids, ctx)(top1, ent, drafted)
-        verify = np.minimum(np.maximum(np.asarray(verify, np.int64), 0), drafted)
+        verify = free_verify(np.minimum(np.maximum(np.asarray(verify, np.int64), 0), drafted), drafted)  # as the engine
         accepted = np.minimum(verify, match)
         context = int(ctx.sum())
         N = B + int(verify.sum())
         rows_per_pass = (drafted[None, :] > np.arange(passes)[:, None]).sum(1)  # (passes,) a pass drafts these
         draft_s = sum(float(self.cost.draft_time(int(b), context)) for b in rows_per_pass)
-        target_s = float(self.cost.target_time(N, context))
+        target_s = float(self.cost.target_time(N, context, B))
         self.clock += draft_s + target_s
         self.busy += draft_s + target_s
         emitted = accepted + 1
@@ -213,8 +214,9 @@ class _Sim:
         fin = req[done]
         self.r_done[fin] = self.clock
         self.active[rows[done]] = False
+        first_s = float(self.cost.draft_time(int(rows_per_pass[0]), context)) if passes else 0.0
         self.ctl.observe(step, ids, ctx, budgets, drafted, verify, accepted, top1, ent, draft_s, target_s,
-                         passes, fin)
+                         passes, fin, first_pass_s=first_s)
         self.steps += 1
         self.seq_steps += B
         self.emitted_total += int(emitted.sum())

@@ -46,11 +46,14 @@ class PlanContext:
     context_lens: np.ndarray  # (B,) int64: tokens each sequence holds (prompt + generated)
     max_depth: int  # K: the largest budget the engine accepts
     prior_conf: np.ndarray  # (B, K) float: predicted acceptance of position j given j-1 accepted, from history
-    cost: StepCost  # step-time model
+    cost: StepCost  # step-time model, as priced for a step of this batch size (CostModel.at_batch)
     # (B,) int64: each sequence's true match length at its current position, capped by the tokens it
     # may still emit (a_r = min(d_r, oracle_match[r])). Set only by the replay simulator, for the
     # `oracle` policy; None in live serving, where nobody knows it.
     oracle_match: np.ndarray | None = None
+    # the controller refines `cost` from this step's measured time (live serving with a learning
+    # model; False in replay, where the cost is the simulator's ground truth)
+    cost_learns: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -107,6 +110,9 @@ class StepOutcome:
     # seconds the controller spent asking `keep_drafting` this step, all calls (measured live: each
     # is a call between draft passes; 0 in replay, which models the model passes only)
     keep_time_s: float = 0.0
+    # seconds of the step's first draft pass (it also catches up on the tokens committed since the
+    # sequence last drafted, so it costs more than the later ones); 0: not measured
+    first_pass_s: float = 0.0
 
     @property
     def emitted(self) -> np.ndarray:

@@ -14,8 +14,9 @@ Each step (DESIGN.md "Allocation"):
   pass is drafted for the sequences (best first) that raise the step's predicted throughput
   tau / (draft time + target time) once its cost is paid; otherwise drafting stops. With it, the
   plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
-  drafts are paid only where the confidences say they will likely be verified. On steps whose
-  plan drafts one position, drafting goes on this way only while asking has paid (`_asking`).
+  drafts are paid only where the confidences say they will likely be verified. Drafting goes on
+  past the first position this way only while doing so has measured a gain over stopping at the
+  first (`_asking`); otherwise plans stop at one position.
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r. The draft passes already run are part of the
   step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
@@ -48,8 +49,11 @@ import numpy as np
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 
-ASK_PROBE = 8  # a 1-deep step that would not ask still asks once in this many (see `DSpark._asking`)
-ASK_RATE = 0.1  # the running means' weight on a new 1-deep step that asked, after the first 10
+ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)
+ASK_RATE = 0.03  # the running means' weight on a new step that asked, after the first 33; before, no stop
+ASK_MARGIN = 0.03  # plans stop at one position while the measured value is below -ASK_MARGIN
+PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
+PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`)
 
 
 class _Prices:
@@ -87,16 +91,20 @@ class DSpark(DepthPolicy):
         streak: weight of the last confidence (vs the prior) in the next position's c-hat.
         lookahead: draft passes `keep_drafting` looks ahead (1: does the next pass pay; h: do
             the next h, for some h <= lookahead). On the replays 8 did no better than 1.
-        weigh_asks: with `dynamic`, weigh what asking `keep_drafting` costs against what it
-            gains, on the steps whose plan drafts one position (see `_asking`).
+        weigh_asks: with `dynamic`, draft past the first position (asking `keep_drafting`) only
+            while doing so has measured a gain over stopping at the first (see `_asking`).
+        probe: now and then draft nothing where drafting is predicted to gain little, so the
+            cost model sees the step it would otherwise never take (see `_probing`).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
-                                           "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True}
+                                           "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
+                                           "probe": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
-                 dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True) -> None:
+                 dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
+                 probe: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -108,11 +116,15 @@ class DSpark(DepthPolicy):
             raise ValueError(f"{self.name}: lookahead must be >= 1, got {lookahead}")
         self.lookahead = int(lookahead)  # draft passes keep_drafting looks ahead
         self.weigh_asks = bool(weigh_asks)
-        # asking keep_drafting on 1-deep steps (see `_asking`): running means of its predicted gain
-        # (x the step time) and of its measured time, over the 1-deep steps that asked; the 1-deep
-        # steps since the last that asked; and (step, summed predicted gain) of the step asking now
-        self._ask_gain, self._ask_cost, self._ask_n, self._skipped = 0.0, 0.0, 0, 0
-        self._asking_now: tuple[int, float] = (-1, 0.0)
+        self.probe = bool(probe)
+        self._probe_wait = 0  # drafting plans since the last probe, up to PROBE_EVERY - 1 (see `_probing`)
+        # drafting past the first position (see `_asking`): its measured value (from the running
+        # means below) over the steps that asked, and their count; the drafting steps since the
+        # last that asked; and the step asking now (-1: none)
+        self._ask_value, self._ask_n, self._skipped = 0.0, 0, 0
+        self._ask_means = np.zeros(4)  # running means of (tokens, seconds) as run and stopped after pass 1
+        self._asking_now = -1
+        self._cost_learns = False  # the last plan's `PlanContext.cost_learns` (see `_ask_parts`)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         self._plan_key: tuple[int, int, int] | None = None  # its prices' key
         # Per-step verify state (see the module docstring); it checks each call continues the last.
@@ -131,50 +143,130 @@ class DSpark(DepthPolicy):
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         # = plan_budgets(ctx.prior_survival, ...), compiled; with `dynamic` the plan's depth becomes a
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting),
-        # unless the plan is 1 deep and asking does not pay: decided on the plan's depth, so the
-        # ceiling is set here rather than by plan_kernel's `ceiling`
+        # unless drafting past the first position has not paid (then the plan stops at 1): decided
+        # here, so the ceiling is set here rather than by plan_kernel's `ceiling`
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin)
-        if self.dynamic and deepest > 0 and self._asking(ctx.step, int(deepest)):
-            budgets[budgets > 0], deepest = K, K
-        self._plan_ctx, self._plan_key = ctx, prices.key
+        if deepest > 0 and self.probe and ctx.cost_learns and self._probing(ctx, budgets, int(deepest), prices):
+            budgets[:], deepest = 0, 0
+        if self.dynamic and deepest > 0:
+            if self._asking(ctx.step):
+                budgets[budgets > 0], deepest = K, K
+            else:
+                np.minimum(budgets, 1, out=budgets)
+                deepest = 1
+        self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
         return budgets
 
-    def _asking(self, step: int, deepest: int) -> bool:
-        """Whether this step drafts on dynamically, asking `keep_drafting` after every pass.
+    def _probing(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
+        """Whether this step drafts nothing, to show the cost model the step it would not take.
 
-        Each ask is a call into the controller between two draft passes. On a GPU host it is small
-        next to a step; on the bundled CPU pair it runs with the caches cold from the forward before
-        it, 0.23-0.29 ms at batch 16 (~25 us in a loop), about 1% of a step. When the plan drafts
-        one position, asking is what drafting beyond it takes, and its worth is learned: the
-        predicted gain in throughput of the passes the asks add (keep_kernel's Theta gain, times
-        the step's time) against the asks' measured time, as running means over the 1-deep steps
-        that asked (each time capped at twice the mean plus 1 ms: a first call loads compiled
-        code). While the gain falls short, 1-deep steps keep their plan, and one in `ASK_PROBE`
-        asks anyway, so the estimate follows a change. Deeper plans always ask (the asks also stop
-        them early). A replay reports no asking time: every step asks, as without `weigh_asks`.
-        Live A/B runs on the CPU pair (3-4 rounds each) of never asking on 1-deep steps: +1.2-1.6%
-        at batch 16, where going on rarely paid, nothing at batch 4 and 64, -3.5% at batch 1,
-        where it pays."""
-        if deepest == 1 and self.weigh_asks and self._ask_gain < self._ask_cost:
+        The cost model learns online only the steps a policy takes. A plan that drafts every step
+        leaves the step without drafts priced by the profile and by an overhead line fitted on
+        drafting steps alone (`ProfiledCost`: every step's time outside the passes, as a line in
+        the draft passes, which steps of one pass count cannot pin down). On the bundled pair at
+        batch 64 that priced the step without drafts 16% over its measured time (the overhead of
+        a 1-pass step, 3.7 ms, against 1.9 ms without drafting), so dspark drafted on a predicted
+        gain of 12% that measured none. So one drafting plan in `PROBE_EVERY` is weighed, and
+        drafts nothing if its predicted gain over drafting nothing (tau / step time, priors as the
+        plan sees them) is under `PROBE_GAIN`: at most 1/16 of a gain under 10% is spent, and the
+        steps show the model both points of the line and the step's cell. Only where the cost
+        model learns (`PlanContext.cost_learns`): never in a replay."""
+        if self._probe_wait < PROBE_EVERY - 1:
+            self._probe_wait += 1
+            return False
+        self._probe_wait = 0  # one plan in PROBE_EVERY is weighed (the weighing costs ~10 us live)
+        return self._small_gain(ctx, budgets, deepest, prices)
+
+    def _small_gain(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
+        """The plan's predicted throughput gain over drafting nothing is under PROBE_GAIN."""
+        B = len(budgets)
+        surv = np.cumprod(np.clip(np.asarray(ctx.prior_conf, np.float64), 0.0, 1.0), axis=1)  # (B, K)
+        tau = B + float(surv[np.arange(surv.shape[1])[None, :] < budgets[:, None]].sum())
+        n = B + int(budgets.sum())
+        t_plan = deepest * (prices.draft_all if self.price_draft else 0.0) + float(prices.target_at(np.array([n]))[0])
+        return tau / t_plan < (1.0 + PROBE_GAIN) * B / float(prices.target[B])
+
+    def _asking(self, step: int) -> bool:
+        """Whether this step drafts on dynamically past its first position, asking `keep_drafting`
+        after every pass (else the plan stops at one position, and nothing is asked).
+
+        Its worth is measured rather than predicted: on each step that asked, the step's
+        throughput as run (its emitted tokens over its draft passes, target pass and asks) against
+        the same step stopped after its first pass (the tokens its first positions give, over the
+        first pass and a target pass scaled to the fewer step tokens by the cost model; see
+        `_ask_parts`), over those steps (running means, memory ~1 / `ASK_RATE` asked steps). Once
+        that many have asked, while it measures a loss of more than `ASK_MARGIN`, plans stop at
+        one position, and one step in `ASK_PROBE` asks anyway, so the estimate follows a change.
+        The priors the plan rests on say how deep drafting pays on average; the measure says
+        whether the drafts past the first, as `keep_drafting` chose them, paid here.
+
+        Both costs of going on are in the measure. Each ask is a call into the controller between
+        two draft passes: small next to a GPU step, but on the bundled CPU pair it runs with the
+        caches cold from the forward before it (0.23-0.29 ms at batch 16, ~25 us in a loop). And
+        the passes it adds are chosen on predicted survivals: at batch 16 on the CPU pair, the
+        steps that drafted a second pass measured 1947 tok/s where stopping after the first would
+        have given ~2045 (their first positions' tokens at the 1-pass steps' time), and static
+        k = 1 ran 4% faster than dspark. The previous rule weighed the asks' *predicted* gain
+        against their measured time on 1-deep plans only, and kept asking; plans 2 deep (a third
+        of the steps there) always asked.
+
+        The gains are heavy-tailed: at batch 1 on the CPU pair, going on measured +2.3% overall,
+        from asked steps that mostly lost a little (-2.6% on the 53% that stopped after one pass
+        anyway: the ask's time) and rare long streaks that gained 14-32%. So the memory is long
+        and the margin small: with 10-20 steps' memory, spells of hard text stopped drafts that
+        pay overall (the replay at concurrency 1 on the committed CPU profile: 192 tok/s against
+        200 for always asking; a live run at batch 1, 0.94x static k = 2). With these,
+        199 in that replay (628.6, 1492.0, 2518.8 at concurrency 4, 16, 64; the H200 sweep as
+        before)."""
+        if self.weigh_asks and self._ask_n * ASK_RATE >= 1.0 and self._ask_value < -ASK_MARGIN:
             self._skipped += 1
             if self._skipped < ASK_PROBE:
                 return False
-        if deepest == 1:
-            self._skipped, self._asking_now = 0, (step, 0.0)
+        self._skipped, self._asking_now = 0, step
         return True
 
     def observe(self, out: StepOutcome) -> None:
-        step, gain = self._asking_now
-        if step != out.step:
+        if self._asking_now != out.step:
             return
-        self._asking_now = (-1, 0.0)
+        self._asking_now = -1
+        parts = self._ask_parts(out)
+        if parts is None:
+            return
         self._ask_n += 1
-        w = max(ASK_RATE, 1.0 / self._ask_n)
-        spent = min(max(out.keep_time_s, 0.0), 2.0 * self._ask_cost + 1e-3)
-        self._ask_gain += w * (gain * out.step_time_s - self._ask_gain)
-        self._ask_cost += w * (spent - self._ask_cost)
+        self._ask_means += max(ASK_RATE, 1.0 / self._ask_n) * (parts - self._ask_means)
+        e_run, t_run, e_one, t_one = self._ask_means
+        self._ask_value = (e_run / t_run) / (e_one / t_one) - 1.0
+
+    def _ask_parts(self, out: StepOutcome) -> np.ndarray | None:
+        """A step that asked: (4,) its tokens and seconds as run, and the tokens and seconds of the
+        same step stopped after its first pass (None: nothing to compare); measured where the
+        controller learns its cost model from measured steps, modelled otherwise. Greedy or
+        sampled, a position's acceptance does not depend on how deep the draft went on, so
+        min(accepted, 1) is what the first positions gave. The running means of the four give the
+        measure as a ratio of throughputs over the steps, not a mean of per-step ratios: a wasted
+        deep draft halves its own step's rate, a paying one raises its step's by as much, and only
+        their tokens and seconds add up."""
+        passes = int(out.drafted.max(initial=0))
+        p = self._prices
+        if passes == 0 or p is None or p.key[0] != out.step or out.target_time_s <= 0:
+            return None
+        B = len(out.seq_ids)
+        n_run, n_one = B + int(out.verified.sum()), B + int(np.minimum(out.verified, 1).sum())
+        e_run, e_one = float(out.accepted.sum()) + B, float(np.minimum(out.accepted, 1).sum()) + B
+        if not self._cost_learns:  # the controller trusts the cost model as given (a replay, a fixed
+            # cost): its times, not the clock's, so a live run decides as its replay does
+            t_run, t_one = p.target_at(np.array([n_run, n_one])) + np.array([passes, 1]) * p.draft_all
+            return np.array([e_run, t_run, e_one, t_one])
+        first = out.first_pass_s if out.first_pass_s > 0 else out.draft_time_s / passes
+        # the time outside the passes, as the cost model has learned it: every step's part (left
+        # out, it would make the shorter step look better than it is) and each pass's
+        step_s, pass_s = getattr(p.cost, "step_overhead_s", 0.0), getattr(p.cost, "pass_overhead_s", 0.0)
+        t_pass = p.target_at(np.array([n_one, n_run])) - step_s  # (2,) the target pass alone, predicted
+        t_run = out.draft_time_s + out.target_time_s + out.keep_time_s + passes * pass_s + step_s
+        t_one = first + out.target_time_s * float(t_pass[0] / t_pass[1]) + pass_s + step_s
+        return np.array([e_run, t_run, e_one, t_one])
 
     def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
         p = self._prices
@@ -191,11 +283,9 @@ class DSpark(DepthPolicy):
         p = self._prices
         if p is None or p.key != self._plan_key or p.cost is not pc.cost:  # else: the plan's prices
             p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
-        keep, gain = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
-                                 np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64),
-                                 self.streak, p.target, p.pass_k, p.draft_all, self.margin, self.lookahead)
-        if self._asking_now[0] == ctx.step:
-            self._asking_now = (ctx.step, self._asking_now[1] + gain)
+        keep, _ = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
+                              np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64),
+                              self.streak, p.target, p.pass_k, p.draft_all, self.margin, self.lookahead)
         if not keep.any() and self._passes[0] == ctx.step:
             self._passes = (ctx.step, min(self._passes[1], j))  # drafting ends after pass j
         return keep

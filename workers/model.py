@@ -5,7 +5,7 @@ serves prefill, drafting and verification: each sequence in the batch brings its
 new tokens (1..T), and every new token gets logits in ONE call. Only attention sees the batch
 padded to (B, T) (or, when padding would cost more, in two parts: `attention_parts`); every
 per-token layer (projections, MLP, norms, LM head) runs on the packed valid tokens, so a ragged
-verify pass costs its real token count, not B x T. The KV
+verify pass costs its real token count, not B x T (unless the padding is small: `padding.py`). The KV
 cache is preallocated (one slot per running sequence); rolling back rejected positions is just
 resetting the slot's length (see `kv_cache.py`), nothing is copied or recomputed.
 """
@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
+
+from workers import padding
 import torch.nn.functional as F
 
 from workers.kv_cache import KVCache
@@ -315,7 +317,8 @@ class Transformer(nn.Module):
         if int(end.max()) > cache.max_len:
             raise ValueError(f"sequence exceeds the context of {cache.max_len} tokens")
         rep = self.cfg.n_heads // self.cfg.n_kv_heads
-        if int(n_new.sum()) == B * T:  # every row full: one part, no packing
+        n_valid = int(n_new.sum())
+        if padding.runs_padded(B, T, n_valid):  # (nearly) every row full: one padded part, no packing
             pack = None
             span = int(end.max())
             parts = [AttnPart((B, T), cache.slot_index(slots), span, _visible(positions, span, rep))]
@@ -324,7 +327,9 @@ class Transformer(nn.Module):
             parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
         write_slots = slots[:, None].expand(B, T).flatten()  # (B*T,)
         pos_c = positions.clamp(max=self.cfg.max_seq_len).flatten()  # (B*T,)
-        tokens, write_pos = tokens.flatten(), positions.flatten()
+        # a padded token's key lands past its sequence's new length (never read: the next write
+        # there overwrites it), or in the scratch column where it would pass the cache's end
+        tokens, write_pos = tokens.flatten(), positions.clamp(max=cache.max_len).flatten()
         if pack is not None:
             tokens, write_slots, write_pos, pos_c = tokens[pack], write_slots[pack], write_pos[pack], pos_c[pack]
         meta = BatchMeta(positions, pack, write_slots, write_pos, parts)
@@ -336,7 +341,7 @@ class Transformer(nn.Module):
         if not logits:
             return None
         if last:  # each sequence's last new token: its row in the packed (N,) or flat (B*T,) batch
-            idx = torch.cumsum(n_new, 0) - 1 if pack is not None else torch.arange(B, device=dev) * T + (T - 1)
+            idx = torch.cumsum(n_new, 0) - 1 if pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)
             return self.lm_head(self.norm(x[idx])).float()  # (B, V)
         out = self.lm_head(self.norm(x)).float()  # (N, V)
         if pack is None:

@@ -19,6 +19,7 @@ import torch
 
 from workers.kv_cache import KVCache
 from workers.model import Transformer
+from workers.padding import free_verify
 from workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
                              rejection_sample, sample)
 
@@ -50,6 +51,7 @@ class StepResult:
     failed: dict[int, Exception] = field(default_factory=dict)  # row -> error (that sequence only)
     policy_s: float = 0.0  # wall time inside keep_fn and verify_fn (the controller's decisions)
     keep_s: float = 0.0  # of which inside keep_fn
+    first_pass_s: float = 0.0  # wall time of the first draft pass (the catch-up), features included
 
 
 class PairRunner:
@@ -122,11 +124,11 @@ class PairRunner:
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
-        tokens, qprobs, top1, ent, drafted, passes, keep_s = self._draft(slots, budgets, keep_fn)
+        tokens, qprobs, top1, ent, drafted, passes, keep_s, first_s = self._draft(slots, budgets, keep_fn)
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
-        verify = np.minimum(np.maximum(verify, 0), drafted)
+        verify = free_verify(np.minimum(np.maximum(verify, 0), drafted), drafted)  # (the padding's, see padding.py)
         t_verify = time.perf_counter() - t1
         D = int(verify.max(initial=0))
         seq_t = torch.tensor(slots, device=self.device)
@@ -162,11 +164,11 @@ class PairRunner:
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
                           t1 - t0 - keep_s, target_s, passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, keep_s + t_verify, keep_s)
+                          failed, keep_s + t_verify, keep_s, first_s)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
-        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts, and
-        the seconds spent inside keep_fn."""
+        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts, the
+        seconds spent inside keep_fn, and the seconds of the first pass."""
         B, K = len(slots), int(budgets.max(initial=0))
         tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=self.device)
         qprobs = None if self.sampling.greedy else torch.zeros((B, max(K, 1), self.vocab_size), device=self.device)
@@ -174,7 +176,8 @@ class PairRunner:
         ent = np.zeros((B, K))
         drafted = np.zeros(B, dtype=np.int64)
         active = budgets > 0
-        j, keep_s = 0, 0.0
+        j, keep_s, first_s = 0, 0.0, 0.0
+        t_pass = time.perf_counter()
         while j < K and active.any():
             rows = np.flatnonzero(active)
             if j == 0:  # catch up: everything committed that the draft cache lacks
@@ -203,12 +206,14 @@ class PairRunner:
                 qprobs[rows, j] = q
             drafted[rows[active[rows]]] += 1
             j += 1
+            if j == 1:
+                first_s = time.perf_counter() - t_pass
             active &= drafted < budgets
             if keep_fn is not None and active.any() and j < K:
                 t = time.perf_counter()
                 active &= np.asarray(keep_fn(j, top1[:, :j], ent[:, :j], drafted), dtype=bool)
                 keep_s += time.perf_counter() - t
-        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j, keep_s
+        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j, keep_s, first_s
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]

@@ -252,3 +252,42 @@ def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
     assert track.shape == (eng.stats.steps - 1, 6) and (track[:, [0, 3]] > 0).all()
     # nothing learned, then the first step's, capped at twice the prediction (0) + 1 ms: a first step pays one-off costs
     assert track[0, 2] == 0.0 and track[1, 2] == pytest.approx(min(over[0], 1e-3))
+
+
+class CostRecorder(DepthPolicy):
+    """static k = 2 that records the cost it is shown at plan and at verify, and cost_learns."""
+    name = "cost-recorder"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, object, bool]] = []  # (step, batch, cost, cost_learns) at plan
+        self.verify_costs: dict[int, object] = {}
+
+    def plan(self, ctx):
+        self.seen.append((ctx.step, ctx.batch_size, ctx.cost, ctx.cost_learns))
+        return np.full(ctx.batch_size, 2)
+
+    def verify(self, ctx):
+        self.verify_costs[ctx.step] = ctx.cost
+        return ctx.drafted
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_policies_see_the_cost_priced_at_the_step_s_batch(pair, workload, learn):
+    """With a model that prices step shapes (a profiled decode table), each step's policy calls
+    see one view of it bound to that step's batch size; `cost_learns` says whether the
+    controller refines the model (never in a replay)."""
+    from tests.adaptive.test_cost_model import make_profiled
+    base = make_profiled()
+    cost = make_profiled(decode_s=base.target_table[:, [0, 3, 6]] * 0.8)
+    policy = CostRecorder()
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8),
+                 Controller(policy, max_depth=8, cost=cost, learn_cost=learn))
+    eng.run(workload[0])
+    assert len(policy.seen) == eng.stats.steps
+    for step, B, view, learns in policy.seen:
+        assert learns is learn
+        assert view is policy.verify_costs[step]  # one object for the step's calls
+        assert view.target_time(B + 3, 500) == cost.target_time(B + 3, 500, B) != cost.target_time(B + 3, 500)
+    plain = CostRecorder()
+    Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), Controller(plain, max_depth=8, cost=base)).run(workload[0])
+    assert all(view is base for _, _, view, _ in plain.seen)  # no decode table: the model itself

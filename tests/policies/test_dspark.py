@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -9,7 +10,9 @@ import pytest
 
 from policies.allocation import allocate, plan_budgets
 from policies.base import VerifyContext
-from policies.dspark import ASK_PROBE, DSpark
+from policies.dspark import ASK_MARGIN, ASK_PROBE, ASK_RATE, DSpark
+
+EVIDENCE = math.ceil(1 / ASK_RATE - 1e-9)  # asked steps before the measure may stop drafting past 1
 from policies.registry import make_policy
 from policies.testing import LinearCost, make_plan_ctx
 
@@ -225,7 +228,7 @@ def test_parameters_and_registry() -> None:
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
-                                 "streak=0.5, lookahead=1, weigh_asks=True)")
+                                 "streak=0.5, lookahead=1, weigh_asks=True, probe=True)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
@@ -249,41 +252,84 @@ def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> No
     assert static.keep_drafting(make_draft_ctx(conf, budgets=budgets, step=pctx.step)).all()
 
 
-def _one_deep_step(policy: DSpark, step: int, keep_s: float, conf: float) -> list[int]:
+def _one_deep_step(policy: DSpark, step: int, keep_s: float, conf: float, second_accepted: bool = True,
+                   learns: bool = True) -> list[int]:
     """Plan a 2-sequence step whose plan drafts 1 deep; if it asks, ask after pass 1 with these
-    confidences; report the step with `keep_s` of asking. Returns the plan's budgets."""
+    confidences; report the step as run (a second pass where keep_drafting went on, its positions
+    accepted or not), with `keep_s` of asking. Returns the plan's budgets."""
     from policies.base import StepOutcome
     from policies.testing import make_draft_ctx
-    # a 10 ms target pass, 0.5 ms a verified token, 3 ms a draft pass: position 2 at the prior
+    # a 10 ms target pass plus 3 ms a step token, 0.5 ms a draft pass: position 2 at the prior
     # (0.9 x 0.3) does not pay, so the plan drafts 1 deep
     cost = LinearCost(0.010, 0.0005, 0.003)
-    pctx = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=cost, step=step)
+    pctx = replace(make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=cost, step=step),
+                   cost_learns=learns)  # live, measured (else the cost model's times are the measure)
     budgets = policy.plan(pctx)
-    if budgets.max() > 1:
-        policy.keep_drafting(make_draft_ctx(np.full((2, 1), conf), budgets=budgets.tolist(), step=step))
-    z, one = np.zeros(2, np.int64), np.ones(2, np.int64)
-    policy.observe(StepOutcome(step, np.arange(2), budgets, one, one, one, np.full((2, 1), 0.9),
-                               np.full((2, 1), 0.9), 0.02, 0.005, 0.015, np.full(2, 100), z[:0], keep_s))
+    passes = 1
+    if budgets.max() > 1 and policy.keep_drafting(make_draft_ctx(np.full((2, 1), conf), budgets=budgets.tolist(),
+                                                                 step=step)).all():
+        passes = 2
+    drafted = np.full(2, passes, np.int64)
+    accepted = np.full(2, 2 if passes == 2 and second_accepted else 1, np.int64)
+    draft_s, target_s = passes * 0.0005, float(cost.target_time(2 + drafted.sum()))
+    policy.observe(StepOutcome(step, np.arange(2), budgets, drafted, drafted, accepted, np.full((2, passes), 0.9),
+                               np.full((2, passes), 0.9), draft_s + target_s, draft_s, target_s, np.full(2, 100),
+                               np.zeros(0, np.int64), keep_s, first_pass_s=0.0005))
     return budgets.tolist()
 
 
 def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
     shallow = make_plan_ctx(2, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 2), cost=LinearCost(0.010, 0.0005, 0.003))
     assert DSpark(dynamic=False).plan(shallow).tolist() == [1, 1]  # the plan itself: 1 deep
-    # asking is free (as in a replay): every step asks (the plan's depth becomes the ceiling K)
+    # asking is free (as in a replay) and the passes it adds pay (+16%): every step asks (the plan's
+    # depth becomes the ceiling K)
     free = DSpark()
-    assert all(_one_deep_step(free, s, 0.0, 0.5) == [8, 8] for s in range(20))
-    # asking costs 1 ms and never pays (doubtful chains: keep_drafting stops them): 1-deep steps
-    # keep their plan, but one in ASK_PROBE still asks
+    assert all(_one_deep_step(free, s, 0.0, 0.99) == [8, 8] for s in range(20))
+    # asking costs 3 ms (-12% on these steps, past ASK_MARGIN) and never pays (doubtful chains:
+    # keep_drafting stops them): 1-deep steps keep their plan, but one in ASK_PROBE still asks
+    # (after the first EVIDENCE steps, which all ask: the gains are heavy-tailed)
+    assert ASK_MARGIN < 0.12
     dear = DSpark()
-    asked = [_one_deep_step(dear, s, 1e-3, 0.3) == [8, 8] for s in range(40)]
-    assert asked[0] and sum(asked[10:]) == 30 // ASK_PROBE and not any(asked[1:ASK_PROBE])
-    # ... until confident chains (keep_drafting drafts on: a predicted gain of 4% of a 20 ms step)
-    # and cheaper asks (0.2 ms) make asking pay again: the probes see it, and every step asks
-    asked = [_one_deep_step(dear, s, 2e-4, 0.99) == [8, 8] for s in range(40, 240)]
+    asked = [_one_deep_step(dear, s, 3e-3, 0.3) == [8, 8] for s in range(EVIDENCE + 4 * ASK_PROBE)]
+    assert all(asked[:EVIDENCE]) and sum(asked[EVIDENCE:]) == 4 and not any(asked[EVIDENCE:EVIDENCE + ASK_PROBE - 1])
+    # ... until confident chains whose second positions are accepted, and cheaper asks (0.2 ms),
+    # make asking pay again: the probes see it, and every step asks
+    asked = [_one_deep_step(dear, s, 2e-4, 0.99) == [8, 8] for s in range(200, 1200)]
     assert not all(asked[:20]) and all(asked[-50:])
-    # without weigh_asks, or with a plan deeper than 1, every step asks
-    assert all(_one_deep_step(DSpark(weigh_asks=False), s, 1e-3, 0.3) == [8, 8] for s in range(20))
+    # free asks whose added passes are predicted to pay (confident chains) but measure a loss
+    # (their second positions rejected: -22%): measured, not predicted, so asking stops too
+    wasted = DSpark()
+    asked = [_one_deep_step(wasted, s, 0.0, 0.99, second_accepted=False) == [8, 8]
+             for s in range(EVIDENCE + 4 * ASK_PROBE)]
+    assert all(asked[:EVIDENCE]) and sum(asked[EVIDENCE:]) == 4
+    # without weigh_asks every step asks
+    assert all(_one_deep_step(DSpark(weigh_asks=False), s, 3e-3, 0.3) == [8, 8] for s in range(20))
+    # where the controller does not learn its cost model (a replay, a fixed cost) the measure is the
+    # model's times, not the clock's: a measured 3 ms of asking changes nothing
+    trusting = DSpark()
+    assert all(_one_deep_step(trusting, s, 3e-3, 0.99, learns=False) == [8, 8] for s in range(20))
+
+
+def test_a_deeper_plan_stops_at_one_position_while_going_on_measures_a_loss() -> None:
+    """The measure covers every plan that drafts, not only 1-deep ones: plans 2 deep by their
+    priors stop at one position (nothing asked) once going past the first has measured a loss."""
+    from policies.base import StepOutcome
+    cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
+    policy, budgets = DSpark(), []
+    for step in range(EVIDENCE + ASK_PROBE + 2):
+        pctx = replace(make_plan_ctx(2, prior_conf=0.8, cost=cost, step=step), cost_learns=True)
+        b = policy.plan(pctx)
+        budgets.append(int(b.max()))
+        passes = 3 if b.max() > 1 else 1  # drafted on 3 deep, and only the first positions accepted
+        d, one = np.full(2, passes, np.int64), np.ones(2, np.int64)
+        target_s = float(cost.target_time(2 + 2 * passes))
+        policy.observe(StepOutcome(step, np.arange(2), b, d, d, one, np.full((2, passes), 0.8),
+                                   np.full((2, passes), 0.8), target_s + passes * 5e-4, passes * 5e-4, target_s,
+                                   np.full(2, 100), np.zeros(0, np.int64), 0.0, first_pass_s=5e-4))
+    assert DSpark(dynamic=False).plan(make_plan_ctx(2, prior_conf=0.8, cost=cost)).max() > 1
+    n = EVIDENCE
+    assert budgets[:n] == [8] * n and budgets[n:n + ASK_PROBE - 1] == [1] * (ASK_PROBE - 1) \
+        and budgets[n + ASK_PROBE - 1] == 8  # stopped at 1; the probe asks
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
@@ -295,3 +341,26 @@ def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
     assert policy.keep_drafting(make_draft_ctx(conf, budgets=[8, 8], step=pctx.step)).all()
     dear = make_plan_ctx(2, prior_conf=0.9, cost=COMPUTE_BOUND)
     assert policy.plan(dear).tolist() == [0, 0]
+
+
+def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_learns() -> None:
+    """One plan in PROBE_EVERY drafts nothing when drafting is predicted to gain under PROBE_GAIN,
+    so a learning cost model sees the step the plan would not take; never in a replay (the cost
+    does not learn) and never where drafting is predicted to pay well."""
+    from policies.dspark import PROBE_EVERY, PROBE_GAIN
+    cost = LinearCost(target_s=0.020, draft_s=0.002)
+
+    def probes(conf: float, learns: bool, **params) -> list[int]:
+        policy, out = DSpark(**params), []
+        for step in range(2 * PROBE_EVERY):
+            b = policy.plan(replace(make_plan_ctx(4, step=step, prior_conf=conf, cost=cost), cost_learns=learns))
+            if not b.any():
+                out.append(step)
+        return out
+
+    # conf 0.2: one position each, tau 4.8 in 22 ms against 4 in 20 ms: +9.1% < PROBE_GAIN
+    assert PROBE_GAIN > 0.091
+    assert probes(0.2, True) == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
+    assert probes(0.2, False) == []
+    assert probes(0.9, True) == []  # drafting predicted to pay far more than PROBE_GAIN
+    assert probes(0.2, True, probe=False) == []

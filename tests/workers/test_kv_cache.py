@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from workers.kv_cache import KVCache
 import workers.model
+import workers.padding
 from workers.model import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
@@ -22,10 +23,12 @@ op = st.tuples(st.integers(0, 3), st.sampled_from(["forward", "rollback"]),
                st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=9))
 
 
-@pytest.fixture(params=[0.0, 1e9], ids=["two-parts", "padded"])
+@pytest.fixture(params=[(0.0, 0.0), (1e9, 0.0), (1e9, 1e9)], ids=["two-parts", "padded", "all-padded"])
 def pad_limit(request, monkeypatch):
-    """Both ways a ragged batch attends: every ragged batch split in two parts, or padded."""
-    monkeypatch.setattr(workers.model, "PAD_LIMIT", request.param)
+    """Every way a ragged batch runs: its attention split in two parts, or padded (per-token layers
+    on the packed valid tokens either way), or every layer padded (`PAD_ALL`)."""
+    monkeypatch.setattr(workers.model, "PAD_LIMIT", request.param[0])
+    monkeypatch.setattr(workers.padding, "PAD_ALL", request.param[1])
     return request.param
 
 
