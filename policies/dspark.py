@@ -42,6 +42,7 @@ same decisions took 230-570 us a step at B = 256, mostly per-call overhead.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -50,8 +51,9 @@ from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, Step
 from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 
 ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)
-ASK_RATE = 0.03  # the running means' weight on a new step that asked, after the first 33; before, no stop
-ASK_MARGIN = 0.03  # plans stop at one position while the measured value is below -ASK_MARGIN
+ASK_RATE = 0.05  # the running means' weight on a new step that asked, after the first 20
+ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting past the first position
+ASK_Z = 2.0  # ... and it stops while the measured value is below zero by this many standard errors
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
 PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`)
 
@@ -122,7 +124,9 @@ class DSpark(DepthPolicy):
         # means below) over the steps that asked, and their count; the drafting steps since the
         # last that asked; and the step asking now (-1: none)
         self._ask_value, self._ask_n, self._skipped = 0.0, 0, 0
-        self._ask_means = np.zeros(4)  # running means of (tokens, seconds) as run and stopped after pass 1
+        # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
+        # relative gain and its square (for the standard error)
+        self._ask_means = np.zeros(6)
         self._asking_now = -1
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns` (see `_ask_parts`)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
@@ -197,8 +201,9 @@ class DSpark(DepthPolicy):
         the same step stopped after its first pass (the tokens its first positions give, over the
         first pass and a target pass scaled to the fewer step tokens by the cost model; see
         `_ask_parts`), over those steps (running means, memory ~1 / `ASK_RATE` asked steps). Once
-        that many have asked, while it measures a loss of more than `ASK_MARGIN`, plans stop at
-        one position, and one step in `ASK_PROBE` asks anyway, so the estimate follows a change.
+        `ASK_EVIDENCE` have asked, while it measures a loss clear of its noise (by `ASK_Z`
+        standard errors of the steps' own gains), plans stop at one position, and one step in
+        `ASK_PROBE` asks anyway, so the estimate follows a change.
         The priors the plan rests on say how deep drafting pays on average; the measure says
         whether the drafts past the first, as `keep_drafting` chose them, paid here.
 
@@ -214,13 +219,14 @@ class DSpark(DepthPolicy):
 
         The gains are heavy-tailed: at batch 1 on the CPU pair, going on measured +2.3% overall,
         from asked steps that mostly lost a little (-2.6% on the 53% that stopped after one pass
-        anyway: the ask's time) and rare long streaks that gained 14-32%. So the memory is long
-        and the margin small: with 10-20 steps' memory, spells of hard text stopped drafts that
-        pay overall (the replay at concurrency 1 on the committed CPU profile: 192 tok/s against
-        200 for always asking; a live run at batch 1, 0.94x static k = 2). With these,
-        199 in that replay (628.6, 1492.0, 2518.8 at concurrency 4, 16, 64; the H200 sweep as
-        before)."""
-        if self.weigh_asks and self._ask_n * ASK_RATE >= 1.0 and self._ask_value < -ASK_MARGIN:
+        anyway: the ask's time) and rare long streaks that gained 14-32%; at batch 16 the losses
+        were steady. A plain threshold on the running measure could not serve both: with 10-20
+        steps' memory, spells of hard text stopped drafts that pay overall (the replay at
+        concurrency 1 on the committed CPU profile: 192 tok/s against 200 for always asking; a
+        live run at batch 1, 0.94x static k = 2); with ~33 steps' memory and a 3% margin, batch
+        16 took most of a run to stop (0.96x static k = 2). The standard error tells the two
+        apart."""
+        if self.weigh_asks and self._ask_n >= ASK_EVIDENCE and self._ask_value < 0.0:
             self._skipped += 1
             if self._skipped < ASK_PROBE:
                 return False
@@ -235,9 +241,14 @@ class DSpark(DepthPolicy):
         if parts is None:
             return
         self._ask_n += 1
-        self._ask_means += max(ASK_RATE, 1.0 / self._ask_n) * (parts - self._ask_means)
-        e_run, t_run, e_one, t_one = self._ask_means
-        self._ask_value = (e_run / t_run) / (e_one / t_one) - 1.0
+        e_run, t_run, e_one, t_one = parts
+        g = (e_run / t_run) / (e_one / t_one) - 1.0  # this step's own relative gain
+        self._ask_means += max(ASK_RATE, 1.0 / self._ask_n) * (np.array([*parts, g, g * g]) - self._ask_means)
+        e_run, t_run, e_one, t_one, g1, g2 = self._ask_means
+        n_eff = min(self._ask_n, 2.0 / ASK_RATE - 1.0)  # an exponential window's effective count
+        se = math.sqrt(max(g2 - g1 * g1, 0.0) / n_eff)
+        # the upper end of the measure: below zero only where the loss is clear of the noise
+        self._ask_value = (e_run / t_run) / (e_one / t_one) - 1.0 + ASK_Z * se
 
     def _ask_parts(self, out: StepOutcome) -> np.ndarray | None:
         """A step that asked: (4,) its tokens and seconds as run, and the tokens and seconds of the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -10,9 +9,9 @@ import pytest
 
 from policies.allocation import allocate, plan_budgets
 from policies.base import VerifyContext
-from policies.dspark import ASK_MARGIN, ASK_PROBE, ASK_RATE, DSpark
+from policies.dspark import ASK_EVIDENCE, ASK_PROBE, DSpark
 
-EVIDENCE = math.ceil(1 / ASK_RATE - 1e-9)  # asked steps before the measure may stop drafting past 1
+EVIDENCE = ASK_EVIDENCE  # asked steps before the measure may stop drafting past 1
 from policies.registry import make_policy
 from policies.testing import LinearCost, make_plan_ctx
 
@@ -285,10 +284,9 @@ def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
     # depth becomes the ceiling K)
     free = DSpark()
     assert all(_one_deep_step(free, s, 0.0, 0.99) == [8, 8] for s in range(20))
-    # asking costs 3 ms (-12% on these steps, past ASK_MARGIN) and never pays (doubtful chains:
+    # asking costs 3 ms (-12% on these steps, every one alike) and never pays (doubtful chains:
     # keep_drafting stops them): 1-deep steps keep their plan, but one in ASK_PROBE still asks
-    # (after the first EVIDENCE steps, which all ask: the gains are heavy-tailed)
-    assert ASK_MARGIN < 0.12
+    # (after the first EVIDENCE steps, which all ask)
     dear = DSpark()
     asked = [_one_deep_step(dear, s, 3e-3, 0.3) == [8, 8] for s in range(EVIDENCE + 4 * ASK_PROBE)]
     assert all(asked[:EVIDENCE]) and sum(asked[EVIDENCE:]) == 4 and not any(asked[EVIDENCE:EVIDENCE + ASK_PROBE - 1])
@@ -364,3 +362,32 @@ def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_le
     assert probes(0.2, False) == []
     assert probes(0.9, True) == []  # drafting predicted to pay far more than PROBE_GAIN
     assert probes(0.2, True, probe=False) == []
+
+
+def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
+    """Going on past the first position gains in rare long streaks and loses a little on most
+    steps (the bundled pair at batch 1). The measure stops it only where the loss is clear of its
+    own noise: a steady 7% loss stops it after ASK_EVIDENCE asked steps; the same losses with one
+    step in 25 gaining 2.9x (+3.7% overall, though the running measure dips below zero between
+    them) never do."""
+    from policies.base import StepOutcome
+    cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
+
+    def run(streak_every: int, steps: int = 200) -> list[int]:
+        policy, budgets = DSpark(), []
+        for step in range(steps):
+            b = policy.plan(replace(make_plan_ctx(2, prior_conf=0.8, cost=cost, step=step), cost_learns=True))
+            budgets.append(int(b.max()))
+            streak = streak_every and step % streak_every == 0
+            passes = (8 if streak else 2) if b.max() > 1 else 1
+            d = np.full(2, passes, np.int64)
+            a = d if streak else np.ones(2, np.int64)
+            target_s = float(cost.target_time(2 + 2 * passes))
+            policy.observe(StepOutcome(step, np.arange(2), b, d, d, a, np.full((2, passes), 0.8),
+                                       np.full((2, passes), 0.8), target_s + passes * 5e-4, passes * 5e-4, target_s,
+                                       np.full(2, 100), np.zeros(0, np.int64), 0.0, first_pass_s=5e-4))
+        return budgets
+
+    steady = run(0)
+    assert steady[:ASK_EVIDENCE] == [8] * ASK_EVIDENCE and steady[ASK_EVIDENCE] == 1
+    assert all(b == 8 for b in run(25))
