@@ -696,7 +696,9 @@ class _AtBatch:
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         return self.model.draft_time(batch_size, context_tokens)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # only for names the view lacks
+        if name == "model" or name.startswith("__"):  # unpickling (a Ray replica) before __dict__ is set
+            raise AttributeError(name)
         return getattr(self.model, name)
 
 

@@ -48,11 +48,11 @@ def reference():
     return reqs, [o.output_ids for o in eng.run(reqs)], eng.stats.emitted
 
 
-def cluster(replicas: int = 2, max_restarts: int = 2, max_failures: int = 3) -> ClusterController:
+def cluster(replicas: int = 2, max_restarts: int = 2, max_failures: int = 3, cost=None) -> ClusterController:
     rc = ReplicaConfig(pair=PairSpec(factory="tests.pairs:tiny_pair", kwargs=PAIR), n_slots=4, max_depth=6,
                        threads=1, num_cpus=0.5, max_restarts=max_restarts)
     return ClusterController(make_policy("dspark"), ClusterConfig(replicas=replicas, replica=rc,
-                                                                  max_failures=max_failures))
+                                                                  max_failures=max_failures), cost=cost)
 
 
 def drive(cc: ClusterController, reqs: list[Request], hook=None):
@@ -89,6 +89,17 @@ def test_matches_engine_and_pools_every_replicas_statistics(ray_session, referen
         assert cc.pooled_observations() == sum(per.values())
         assert sum(r.stats.emitted for r in cc.replicas) == emitted
         assert cc.stats.acceptance_length > 1.5  # the local allocation verified draft tokens
+
+
+def test_a_cost_priced_in_each_step_s_shape_travels_to_the_replicas(ray_session, reference):
+    """A profiled cost with a decode table: the policy, holding the view bound to a step's batch,
+    is shipped to the replicas with the controller's parameters (it once failed to unpickle)."""
+    from tests.adaptive.test_cost_model import make_profiled
+    base = make_profiled()
+    reqs, ref, emitted = reference
+    with cluster(cost=make_profiled(decode_s=base.target_table[:, [0, 3, 6]] * 0.8)) as cc:
+        outs, streamed = drive(cc, reqs)
+        check_identical(outs, streamed, ref, cc, emitted)
 
 
 def test_killed_replicas_resume_from_committed_tokens(ray_session, reference):

@@ -312,6 +312,9 @@ def test_a_decode_table_prices_each_step_in_its_own_shape():
     np.testing.assert_array_equal(view.target_by_n(600, 1000), c.target_time(np.arange(600), 1000, 64))
     assert view.draft_time(8, 1000) == c.draft_time(8, 1000) and view.step_overhead_s == c.step_overhead_s
     assert plain.at_batch(64) is plain and FixedCost().at_batch(64) == FixedCost()  # nothing to bind
+    import pickle  # a policy holding the view travels to Ray replicas
+    back_view = pickle.loads(pickle.dumps(view))
+    np.testing.assert_array_equal(back_view.target_time(n, 1000), view.target_time(n, 1000))
     back = CostModel.from_json(c.to_json())  # the decode table travels; a JSON without one still loads
     np.testing.assert_array_equal(back.target_time(n, 1000, 64), c.target_time(n, 1000, 64))
     assert "decode_s" not in plain.to_dict()
