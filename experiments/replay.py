@@ -195,7 +195,7 @@ class _Sim:
         past = np.arange(J)[None, :] >= drafted[:, None]  # (B, J) never drafted
         top1[past], ent[past] = 0.0, 0.0
         verify = self.ctl.verify_fn(step, ids, ctx)(top1, ent, drafted)
-        verify = free_verify(np.minimum(np.maximum(np.asarray(verify, np.int64), 0), drafted), drafted)  # as the engine
+        verify = free_verify(verify, drafted)  # clamped and extended as the engine does
         accepted = np.minimum(verify, match)
         context = int(ctx.sum())
         N = B + int(verify.sum())

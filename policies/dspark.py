@@ -47,6 +47,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from policies.allocation import unit
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 
@@ -186,7 +187,7 @@ class DSpark(DepthPolicy):
     def _small_gain(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """The plan's predicted throughput gain over drafting nothing is under PROBE_GAIN."""
         B = len(budgets)
-        surv = np.cumprod(np.clip(np.asarray(ctx.prior_conf, np.float64), 0.0, 1.0), axis=1)  # (B, K)
+        surv = np.cumprod(unit(np.asarray(ctx.prior_conf, np.float64)), axis=1)  # (B, K), as the plan reads them
         tau = B + float(surv[np.arange(surv.shape[1])[None, :] < budgets[:, None]].sum())
         n = B + int(budgets.sum())
         t_plan = deepest * (prices.draft_all if self.price_draft else 0.0) + float(prices.target_at(np.array([n]))[0])

@@ -24,8 +24,10 @@ def runs_padded(batch: int, width: int, valid: int) -> bool:
 
 
 def free_verify(verify: np.ndarray, drafted: np.ndarray) -> np.ndarray:
-    """(B,) verify lengths d_r, extended to min(drafted_r, max d) where the verify pass (each row
-    d_r + 1 tokens) runs padded: the padding's positions are computed and so verified for free."""
+    """(B,) verify lengths d_r clamped into [0, drafted_r], then extended to min(drafted_r, max d)
+    where the verify pass (each row d_r + 1 tokens) runs padded: the padding's positions are
+    computed and so verified for free."""
+    verify = np.minimum(np.maximum(np.asarray(verify, np.int64), 0), drafted)
     D = int(verify.max(initial=0))
     if D == 0 or not runs_padded(len(verify), D + 1, int(verify.sum()) + len(verify)):
         return verify

@@ -128,7 +128,7 @@ class PairRunner:
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
-        verify = free_verify(np.minimum(np.maximum(verify, 0), drafted), drafted)  # (the padding's, see padding.py)
+        verify = free_verify(verify, drafted)  # clamped, and the padding's positions verified (padding.py)
         t_verify = time.perf_counter() - t1
         D = int(verify.max(initial=0))
         seq_t = torch.tensor(slots, device=self.device)
