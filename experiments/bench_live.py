@@ -1,15 +1,16 @@
 """Live benchmark on the bundled pair: tokens/s of depth policies by batch size, in one run.
 
-    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--rounds 3] [--threads 2]
+    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--rounds 3] [--warm-steps 64]
 
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
-acceptance statistics (learned once on separate warm-up prompts, then copied into each run) and
-the same cost model to start from (this machine's profile, refined online during the warm-up,
-then during each run). Tried and dropped: each policy's engine keeping its cost model from run to
-run, as one serving engine would through these loads. With two engines in turn it cut dspark's
-whole-step error after the first run (batch 16: 8.0% -> 5.0%), but in this benchmark's turns of
-13 engines the errors stayed 8-15% (the machine's jitter dominates), and dspark at batch 64 started
-from batch 16's prices, never drafted, so never learned batch 64's. Each batch size is
+acceptance statistics (learned once on separate warm-up prompts) and the same cost model to
+start from (this machine's profile, refined online during the warm-up). Then, at each batch
+size, every policy serves `--warm-steps` untimed steps on the warm-up prompts, and each of its
+rounds starts from its controller as those left it (`warm_at`): a server's steady state at that
+load, not a learning policy's cold start in every round. Tried and dropped: each policy's engine
+keeping its cost model from one batch size to the next, as one serving engine would through
+these loads: dspark at batch 64 started from batch 16's prices, never drafted, so never learned
+batch 64's. Each batch size is
 measured in `--rounds` rounds; in a round every policy serves a closed loop of `batch` requests
 in flight (the same prompts in the same order), all engines taking the same number of steps in
 turn (a fresh shuffled order each cycle), each timed over its own decode steps, so slow spells of a
@@ -31,6 +32,7 @@ import argparse
 import copy
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -58,27 +60,65 @@ def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[Acceptance
     return ctl.acceptance, ctl.cost
 
 
-def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel,
-                max_len: int) -> tuple[Engine, Controller]:
-    ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
-    return Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl), ctl
+def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel, max_len: int,
+                start: Warm | None = None) -> tuple[Engine, Controller]:
+    """A fresh engine for `spec` at `batch`, its controller from copies of `cost` and `acc`, or with
+    `start`, of a warmed controller's policy, cost model and acceptance model (its step and
+    sequence numbers continued, so the policy's state reads as one run)."""
+    if start is None:
+        ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
+    else:
+        ctl = Controller(copy.deepcopy(start.ctl.policy), K, cost=copy.deepcopy(start.ctl.cost),
+                         acceptance=copy.deepcopy(start.ctl.acceptance))
+    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl)
+    if start is not None:
+        eng.step_no, eng.seq_no = start.step_no, start.seq_no
+    return eng, ctl
+
+
+@dataclass
+class Warm:
+    """A policy's controller after serving the warm-up at one batch size (`warm_at`)."""
+
+    ctl: Controller
+    step_no: int  # the engine's next step number
+    seq_no: int  # and its next sequence number
+
+
+def warm_at(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int,
+            cost: CostModel, acc: AcceptanceModel, rng: random.Random) -> dict[str, Warm]:
+    """Every policy serves `steps` untimed steps at `batch` on the warm-up prompts (a round, see
+    `run_round`), and its controller as they left it starts each measured round: what it learned
+    online at this load (its policy's state, the cost model's corrections, acceptance) is kept,
+    as a server keeps it. A round from fresh policy state measured a learning policy's cold start
+    in every round: dspark's measure of drafting past the first position needs 8 asked steps
+    before it may stop (at batch 16 on the bundled pair each lost ~20%: ~1.7% of a 96-step
+    round), and its cost-model probes are spaced out only as they accumulate. Calibration tallies
+    are reset: the figures count the measured rounds' prompts only."""
+    out = {}
+    for spec, (_, eng, ctl) in run_round(pair, specs, prompts, batch, steps, tokens, cost, acc, rng).items():
+        ctl.acceptance.reset_metrics()
+        ctl.cost_track = None
+        out[spec] = Warm(ctl, eng.step_no, eng.seq_no)
+    return out
 
 
 def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int,
-              cost: CostModel, acc: AcceptanceModel,
-              rng: random.Random) -> dict[str, tuple[float, Engine, Controller]]:
+              cost: CostModel, acc: AcceptanceModel, rng: random.Random,
+              start: dict[str, Warm] | None = None) -> dict[str, tuple[float, Engine, Controller]]:
     """A closed loop: every policy's engine keeps `batch` requests in flight (new ones taken from
     `prompts`, in the same order for all), and the engines take `steps` steps each, in turn (a
     fresh shuffled order each cycle), each timed over its own steps only. A slow spell of a shared
     machine then falls on every policy alike, step by step, and no engine runs a tail alone with
     the caches to itself; run one after another, a spell of a few seconds moved a policy's figure
-    by 20-35%. Each engine starts from a copy of `cost`.
+    by 20-35%. Each engine starts from copies of `cost` and `acc`, or of its policy's warmed
+    controller in `start` (`warm_at`).
 
     Returns:
         spec -> (tokens emitted / wall time of its own steps, engine, controller).
     """
     max_len = max(len(p) for p in prompts) + tokens + 1
-    engines = {s: make_engine(pair, s, batch, cost, acc, max_len) for s in specs}
+    engines = {s: make_engine(pair, s, batch, cost, acc, max_len, start and start[s]) for s in specs}
     for _, ctl in engines.values():
         ctl.cost_track = []
     outs: dict[str, list] = {s: [] for s in specs}
@@ -99,13 +139,15 @@ def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, step
 
 
 def solo_runs(pair, prompts: list[list[int]], batch: int, steps: int, tokens: int, cost: CostModel,
-              acc: AcceptanceModel, runs: int, rng: random.Random) -> tuple[float, float, float]:
+              acc: AcceptanceModel, runs: int, rng: random.Random,
+              start: Warm | None = None) -> tuple[float, float, float]:
     """The cost model's error (`cost_error`) with dspark serving alone, as one engine does when
     deployed: the same closed loop as a round, with no other engine between its steps. In a round
     each step follows other engines' steps, over their own KV caches and policies' state, so its
     time carries their cache misses; that spread is in every policy's measured tokens/s alike but
     not in anything a cost model of this engine can know. Median over `runs`."""
-    errs = [cost_error(*run_round(pair, ["dspark"], prompts, batch, steps, tokens, cost, acc, rng)["dspark"][1:])
+    warm = {"dspark": start} if start else None
+    errs = [cost_error(*run_round(pair, ["dspark"], prompts, batch, steps, tokens, cost, acc, rng, warm)["dspark"][1:])
             for _ in range(runs)]
     return tuple(float(x) for x in np.median(np.array(errs), axis=0))
 
@@ -166,6 +208,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0, help="steps per policy per round (default: max(96, 384 / batch))")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every policy per batch size (median)")
     ap.add_argument("--warmup", type=int, default=160, help="warm-up prompts (static k=8, batch 32)")
+    ap.add_argument("--warm-steps", type=int, default=64,
+                    help="untimed steps every policy serves at each batch size before its rounds (0: none; see `warm_at`)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; spaces not allowed")
     ap.add_argument("--solo", type=int, default=1,
@@ -191,8 +235,10 @@ def main() -> None:
     for b in batches:
         steps = args.steps or max(96, 384 // b)
         models, err, noise, off_err = [], [], [], []
+        start = warm_at(pair, policies, warm, b, args.warm_steps, args.tokens, cost, acc, order) \
+            if args.warm_steps else None
         for rnd in range(args.rounds):
-            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order)
+            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order, start)
             for spec in policies:
                 tps, eng, ctl = results[spec]
                 runs.setdefault((spec, b), []).append(tps)
@@ -212,7 +258,8 @@ def main() -> None:
                       f"  fallbacks {sum(ctl.fallbacks.values())}{extra}", flush=True)
             del results
         if "dspark" in policies and args.solo:
-            solo.append(solo_runs(pair, prompts, b, steps, args.tokens, cost, acc, args.solo, order))
+            solo.append(solo_runs(pair, prompts, b, steps, args.tokens, cost, acc, args.solo, order,
+                                  start and start["dspark"]))
             print(f"  batch {b:3d} solo dspark: cost error (whole step) {solo[-1][1]:.1%}, target pass "
                   f"{solo[-1][0]:.1%}, bias {solo[-1][2]:+.1%}", flush=True)
         if models:

@@ -43,6 +43,7 @@ same decisions took 230-570 us a step at B = 256, mostly per-call overhead.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -51,12 +52,34 @@ from policies.allocation import unit
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 
-ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)
+ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)...
+ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is large:
+ASK_SPEND = 0.003  # such steps spaced to cost about this share of throughput
 ASK_RATE = 0.05  # the running means' weight on a new step that asked, after the first 20
 ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting past the first position
 ASK_Z = 2.0  # ... and it stops while the measured value is below zero by this many standard errors
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
-PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`)
+PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`), a spacing that doubles
+PROBE_MAX = 256  # with each probe, up to this
+
+
+@dataclass
+class _Gate:
+    """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
+    cost model's overhead lines): the worth of asking `keep_drafting` past the first position
+    (`DSpark._asking`) and the spacing of its probes (`DSpark._probing`). Asking pays at batch 1 on
+    the bundled pair and loses at 16, so one measure across a batch that moves would follow the
+    batch instead of the question."""
+
+    probe_wait: int = 0  # drafting plans since the last weighing
+    probe_every: int = PROBE_EVERY  # plans between weighings: doubles with each probe, up to PROBE_MAX
+    ask_gain: float = 0.0  # the measured gain of asking (see `DSpark.observe`)...
+    ask_value: float = 0.0  # ...and its upper end, ASK_Z standard errors above
+    ask_n: int = 0  # steps that asked
+    skipped: int = 0  # drafting steps since the last that asked
+    # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
+    # relative gain and its square (for the standard error)
+    ask_means: np.ndarray = field(default_factory=lambda: np.zeros(6))
 
 
 class _Prices:
@@ -120,15 +143,9 @@ class DSpark(DepthPolicy):
         self.lookahead = int(lookahead)  # draft passes keep_drafting looks ahead
         self.weigh_asks = bool(weigh_asks)
         self.probe = bool(probe)
-        self._probe_wait = 0  # drafting plans since the last probe, up to PROBE_EVERY - 1 (see `_probing`)
-        # drafting past the first position (see `_asking`): its measured value (from the running
-        # means below) over the steps that asked, and their count; the drafting steps since the
-        # last that asked; and the step asking now (-1: none)
-        self._ask_value, self._ask_n, self._skipped = 0.0, 0, 0
-        # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
-        # relative gain and its square (for the standard error)
-        self._ask_means = np.zeros(6)
-        self._asking_now = -1
+        self._gates: dict[int, _Gate] = {}  # batch-size bucket (B.bit_length()) -> its measures
+        self._asking_now = -1  # the step asking `keep_drafting` now (-1: none)...
+        self._asking_gate = _Gate()  # ...and its bucket's measures
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns` (see `_ask_parts`)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         self._plan_key: tuple[int, int, int] | None = None  # its prices' key
@@ -152,10 +169,13 @@ class DSpark(DepthPolicy):
         # here, so the ceiling is set here rather than by plan_kernel's `ceiling`
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin)
-        if deepest > 0 and self.probe and ctx.cost_learns and self._probing(ctx, budgets, int(deepest), prices):
+        gate = self._gates.get(B.bit_length())
+        if gate is None:
+            gate = self._gates[B.bit_length()] = _Gate()
+        if deepest > 0 and self.probe and ctx.cost_learns and self._probing(gate, ctx, budgets, int(deepest), prices):
             budgets[:], deepest = 0, 0
         if self.dynamic and deepest > 0:
-            if self._asking(ctx.step):
+            if self._asking(gate, ctx.step):
                 budgets[budgets > 0], deepest = K, K
             else:
                 np.minimum(budgets, 1, out=budgets)
@@ -164,7 +184,7 @@ class DSpark(DepthPolicy):
         self._passes = (ctx.step, int(deepest))
         return budgets
 
-    def _probing(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
+    def _probing(self, gate: _Gate, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """Whether this step drafts nothing, to show the cost model the step it would not take.
 
         The cost model learns online only the steps a policy takes. A plan that drafts every step
@@ -173,16 +193,24 @@ class DSpark(DepthPolicy):
         the draft passes, which steps of one pass count cannot pin down). On the bundled pair at
         batch 64 that priced the step without drafts 16% over its measured time (the overhead of
         a 1-pass step, 3.7 ms, against 1.9 ms without drafting), so dspark drafted on a predicted
-        gain of 12% that measured none. So one drafting plan in `PROBE_EVERY` is weighed, and
-        drafts nothing if its predicted gain over drafting nothing (tau / step time, priors as the
-        plan sees them) is under `PROBE_GAIN`: at most 1/16 of a gain under 10% is spent, and the
-        steps show the model both points of the line and the step's cell. Only where the cost
-        model learns (`PlanContext.cost_learns`): never in a replay."""
-        if self._probe_wait < PROBE_EVERY - 1:
-            self._probe_wait += 1
+        gain of 12% that measured none. So drafting plans are weighed now and then, and one drafts
+        nothing if its predicted gain over drafting nothing (tau / step time, priors as the plan
+        sees them) is under `PROBE_GAIN`: the steps show the model both points of the line and the
+        step's cell. The first weighing comes after `PROBE_EVERY` drafting plans of the batch's
+        bucket, and the spacing doubles with each probe, up to `PROBE_MAX`: what a probe teaches
+        stays learned (the cells move slowly, the line's slope is kept while the passes hardly
+        vary, and the shared speed follows the machine on every step), while each probe spends the
+        plan's gain, up to 10% of a step. At a fixed 1 in 16 that was ~1% of throughput at batch 4
+        on the bundled pair (live A/B), now ~0.1% once a few probes have been made. Only where
+        the cost model learns (`PlanContext.cost_learns`): never in a replay."""
+        gate.probe_wait += 1
+        if gate.probe_wait < gate.probe_every:
             return False
-        self._probe_wait = 0  # one plan in PROBE_EVERY is weighed (the weighing costs ~10 us live)
-        return self._small_gain(ctx, budgets, deepest, prices)
+        gate.probe_wait = 0  # this plan is weighed (the weighing costs ~10 us live)
+        if not self._small_gain(ctx, budgets, deepest, prices):
+            return False
+        gate.probe_every = min(2 * gate.probe_every, PROBE_MAX)
+        return True
 
     def _small_gain(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """The plan's predicted throughput gain over drafting nothing is under PROBE_GAIN."""
@@ -193,7 +221,7 @@ class DSpark(DepthPolicy):
         t_plan = deepest * (prices.draft_all if self.price_draft else 0.0) + float(prices.target_at(np.array([n]))[0])
         return tau / t_plan < (1.0 + PROBE_GAIN) * B / float(prices.target[B])
 
-    def _asking(self, step: int) -> bool:
+    def _asking(self, gate: _Gate, step: int) -> bool:
         """Whether this step drafts on dynamically past its first position, asking `keep_drafting`
         after every pass (else the plan stops at one position, and nothing is asked).
 
@@ -203,9 +231,13 @@ class DSpark(DepthPolicy):
         first pass and a target pass scaled to the fewer step tokens by the cost model; see
         `_ask_parts`), over those steps (running means, memory ~1 / `ASK_RATE` asked steps). Once
         `ASK_EVIDENCE` have asked, while it measures a loss clear of its noise (by `ASK_Z`
-        standard errors of the steps' own gains), plans stop at one position, and one step in
-        `ASK_PROBE` asks anyway, so the estimate follows a change.
-        The priors the plan rests on say how deep drafting pays on average; the measure says
+        standard errors of the steps' own gains), plans stop at one position, and now and then a
+        step asks anyway, so the estimate follows a change: one drafting step in `ASK_PROBE`, or
+        fewer where the measured loss is large (each such step costs about that loss: spaced to
+        spend ~`ASK_SPEND` of throughput, at most one in `ASK_PROBE_MAX`). At batch 16 on the
+        bundled pair an asked step lost ~20%: 1 in 16 cost ~1.3% of throughput; at batch 1 the
+        loss was ~3% and the rare streaks that revert it need the probes. The measure is kept per
+        batch-size bucket (`_Gate`). The priors the plan rests on say how deep drafting pays on average; the measure says
         whether the drafts past the first, as `keep_drafting` chose them, paid here.
 
         Both costs of going on are in the measure. Each ask is a call into the controller between
@@ -227,11 +259,12 @@ class DSpark(DepthPolicy):
         live run at batch 1, 0.94x static k = 2); with ~33 steps' memory and a 3% margin, batch
         16 took most of a run to stop (0.96x static k = 2). The standard error tells the two
         apart."""
-        if self.weigh_asks and self._ask_n >= ASK_EVIDENCE and self._ask_value < 0.0:
-            self._skipped += 1
-            if self._skipped < ASK_PROBE:
+        if self.weigh_asks and gate.ask_n >= ASK_EVIDENCE and gate.ask_value < 0.0:
+            gate.skipped += 1
+            # an asked step costs about the measured loss: spaced so that they spend ~ASK_SPEND
+            if gate.skipped < min(max(-gate.ask_gain / ASK_SPEND, ASK_PROBE), ASK_PROBE_MAX):
                 return False
-        self._skipped, self._asking_now = 0, step
+        gate.skipped, self._asking_now, self._asking_gate = 0, step, gate
         return True
 
     def observe(self, out: StepOutcome) -> None:
@@ -241,15 +274,17 @@ class DSpark(DepthPolicy):
         parts = self._ask_parts(out)
         if parts is None:
             return
-        self._ask_n += 1
+        gate = self._asking_gate
+        gate.ask_n += 1
         e_run, t_run, e_one, t_one = parts
         g = (e_run / t_run) / (e_one / t_one) - 1.0  # this step's own relative gain
-        self._ask_means += max(ASK_RATE, 1.0 / self._ask_n) * (np.array([*parts, g, g * g]) - self._ask_means)
-        e_run, t_run, e_one, t_one, g1, g2 = self._ask_means
-        n_eff = min(self._ask_n, 2.0 / ASK_RATE - 1.0)  # an exponential window's effective count
+        gate.ask_means += max(ASK_RATE, 1.0 / gate.ask_n) * (np.array([*parts, g, g * g]) - gate.ask_means)
+        e_run, t_run, e_one, t_one, g1, g2 = gate.ask_means
+        n_eff = min(gate.ask_n, 2.0 / ASK_RATE - 1.0)  # an exponential window's effective count
         se = math.sqrt(max(g2 - g1 * g1, 0.0) / n_eff)
+        gate.ask_gain = (e_run / t_run) / (e_one / t_one) - 1.0
         # the upper end of the measure: below zero only where the loss is clear of the noise
-        self._ask_value = (e_run / t_run) / (e_one / t_one) - 1.0 + ASK_Z * se
+        gate.ask_value = gate.ask_gain + ASK_Z * se
 
     def _ask_parts(self, out: StepOutcome) -> np.ndarray | None:
         """A step that asked: (4,) its tokens and seconds as run, and the tokens and seconds of the

@@ -39,3 +39,31 @@ def test_timing_noise_is_the_jitter_around_a_drifting_step_time():
     quiet = SimpleNamespace(stats=SimpleNamespace(step_log=[(64, 0, 0.0, x, 0, 0, 0.0) for x in np.linspace(0.02, 0.03, 50)]))
     assert timing_noise(quiet) < 1e-3
     assert np.isnan(timing_noise(SimpleNamespace(stats=SimpleNamespace(step_log=[]))))
+
+
+def test_rounds_start_from_each_policys_warmed_controller() -> None:
+    """`warm_at`: every policy serves untimed steps at the batch size first; each round then starts
+    from copies of that controller (its policy's state, cost and acceptance models), its step and
+    sequence numbers continued, and the rounds stay independent of each other."""
+    import random
+
+    from adaptive.acceptance import AcceptanceModel
+    from adaptive.cost_model import FixedCost
+    from experiments.bench_live import run_round, warm_at
+    from workers.bundled import heldout_prompts, load_pair
+
+    pair = load_pair(device="cpu")
+    prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:6]]
+    cost, acc = FixedCost(target_ms=10.0, draft_ms=1.0), AcceptanceModel()
+    warm = warm_at(pair, ["dspark", "off"], prompts[:3], 2, 6, 4, cost, acc, random.Random(0))
+    assert warm["dspark"].step_no == 6 and warm["dspark"].seq_no >= 2
+    warmed = warm["dspark"].ctl
+    assert warmed.acceptance.metrics.sum() == 0 and warmed.policy._gates  # tallies reset; the gate kept
+    seen = warmed.acceptance.cells.sum()
+    assert seen > acc.cells.sum()  # it learned from the warm-up's steps
+    for _ in range(2):
+        res = run_round(pair, ["dspark", "off"], prompts[3:], 2, 3, 4, cost, acc, random.Random(1), warm)
+        _, eng, ctl = res["dspark"]
+        assert eng.step_no == 9 and ctl.policy is not warmed.policy and ctl.policy._gates.keys() == warmed.policy._gates.keys()
+        assert ctl.acceptance.cells.sum() > seen  # from the warmed model, then this round's steps
+    assert warmed.acceptance.cells.sum() == seen and warm["dspark"].step_no == 6  # left as it was

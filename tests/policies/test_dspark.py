@@ -9,9 +9,16 @@ import pytest
 
 from policies.allocation import allocate, plan_budgets
 from policies.base import VerifyContext
-from policies.dspark import ASK_EVIDENCE, ASK_PROBE, DSpark
+from policies.dspark import ASK_EVIDENCE, ASK_PROBE, ASK_PROBE_MAX, ASK_SPEND, DSpark
 
 EVIDENCE = ASK_EVIDENCE  # asked steps before the measure may stop drafting past 1
+
+
+def probe_gaps(loss: float, n: int) -> list[int]:
+    """Steps after the first EVIDENCE at which a measure stopped on a steady `loss` asks anyway:
+    spaced to spend ~ASK_SPEND of throughput, between ASK_PROBE and ASK_PROBE_MAX steps."""
+    gap = int(np.clip(np.ceil(loss / ASK_SPEND), ASK_PROBE, ASK_PROBE_MAX))
+    return [gap * (i + 1) - 1 for i in range(n)]
 from policies.registry import make_policy
 from policies.testing import LinearCost, make_plan_ctx
 
@@ -285,11 +292,15 @@ def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
     free = DSpark()
     assert all(_one_deep_step(free, s, 0.0, 0.99) == [8, 8] for s in range(20))
     # asking costs 3 ms (-12% on these steps, every one alike) and never pays (doubtful chains:
-    # keep_drafting stops them): 1-deep steps keep their plan, but one in ASK_PROBE still asks
-    # (after the first EVIDENCE steps, which all ask)
+    # keep_drafting stops them): 1-deep steps keep their plan, but now and then one still asks,
+    # one in 40 (each loses 12%: spending 0.3%) after the first EVIDENCE steps, which all ask
     dear = DSpark()
-    asked = [_one_deep_step(dear, s, 3e-3, 0.3) == [8, 8] for s in range(EVIDENCE + 4 * ASK_PROBE)]
-    assert all(asked[:EVIDENCE]) and sum(asked[EVIDENCE:]) == 4 and not any(asked[EVIDENCE:EVIDENCE + ASK_PROBE - 1])
+    asked = [_one_deep_step(dear, s, 3e-3, 0.3) == [8, 8] for s in range(EVIDENCE + 160)]
+    assert all(asked[:EVIDENCE]) and np.flatnonzero(asked[EVIDENCE:]).tolist() == probe_gaps(0.1176, 4) == [39, 79, 119, 159]
+    # another batch-size bucket (4 against 2) has its own measure: it asks until that stops it
+    four = replace(make_plan_ctx(4, prior_conf=np.array([[0.9, 0.3] + [0.3] * 6] * 4),
+                                 cost=LinearCost(0.010, 0.0005, 0.003), step=10_000), cost_learns=True)
+    assert dear.plan(four).tolist() == [8] * 4 and DSpark(dynamic=False).plan(four).tolist() == [1] * 4
     # ... until confident chains whose second positions are accepted, and cheaper asks (0.2 ms),
     # make asking pay again: the probes see it, and every step asks
     asked = [_one_deep_step(dear, s, 2e-4, 0.99) == [8, 8] for s in range(200, 1200)]
@@ -298,8 +309,8 @@ def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
     # (their second positions rejected: -22%): measured, not predicted, so asking stops too
     wasted = DSpark()
     asked = [_one_deep_step(wasted, s, 0.0, 0.99, second_accepted=False) == [8, 8]
-             for s in range(EVIDENCE + 4 * ASK_PROBE)]
-    assert all(asked[:EVIDENCE]) and sum(asked[EVIDENCE:]) == 4
+             for s in range(EVIDENCE + 4 * ASK_PROBE_MAX)]
+    assert all(asked[:EVIDENCE]) and np.flatnonzero(asked[EVIDENCE:]).tolist() == probe_gaps(0.224, 4)  # 1 in 64
     # without weigh_asks every step asks
     assert all(_one_deep_step(DSpark(weigh_asks=False), s, 3e-3, 0.3) == [8, 8] for s in range(20))
     # where the controller does not learn its cost model (a replay, a fixed cost) the measure is the
@@ -314,7 +325,8 @@ def test_a_deeper_plan_stops_at_one_position_while_going_on_measures_a_loss() ->
     from policies.base import StepOutcome
     cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
     policy, budgets = DSpark(), []
-    for step in range(EVIDENCE + ASK_PROBE + 2):
+    gap = probe_gaps(0.137, 1)[0] + 1  # going on loses 13.7% a step: one in 46 asks
+    for step in range(EVIDENCE + gap + 2):
         pctx = replace(make_plan_ctx(2, prior_conf=0.8, cost=cost, step=step), cost_learns=True)
         b = policy.plan(pctx)
         budgets.append(int(b.max()))
@@ -326,8 +338,8 @@ def test_a_deeper_plan_stops_at_one_position_while_going_on_measures_a_loss() ->
                                    np.full(2, 100), np.zeros(0, np.int64), 0.0, first_pass_s=5e-4))
     assert DSpark(dynamic=False).plan(make_plan_ctx(2, prior_conf=0.8, cost=cost)).max() > 1
     n = EVIDENCE
-    assert budgets[:n] == [8] * n and budgets[n:n + ASK_PROBE - 1] == [1] * (ASK_PROBE - 1) \
-        and budgets[n + ASK_PROBE - 1] == 8  # stopped at 1; the probe asks
+    assert budgets[:n] == [8] * n and budgets[n:n + gap - 1] == [1] * (gap - 1) \
+        and budgets[n + gap - 1] == 8  # stopped at 1; the probe asks
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
@@ -342,23 +354,29 @@ def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
 
 
 def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_learns() -> None:
-    """One plan in PROBE_EVERY drafts nothing when drafting is predicted to gain under PROBE_GAIN,
-    so a learning cost model sees the step the plan would not take; never in a replay (the cost
-    does not learn) and never where drafting is predicted to pay well."""
-    from policies.dspark import PROBE_EVERY, PROBE_GAIN
+    """A plan now and then drafts nothing when drafting is predicted to gain under PROBE_GAIN, so
+    a learning cost model sees the step the plan would not take: after PROBE_EVERY drafting plans,
+    then ever more rarely (the spacing doubles up to PROBE_MAX), per batch-size bucket; never in a
+    replay (the cost does not learn) and never where drafting is predicted to pay well."""
+    from policies.dspark import PROBE_EVERY, PROBE_GAIN, PROBE_MAX
     cost = LinearCost(target_s=0.020, draft_s=0.002)
 
-    def probes(conf: float, learns: bool, **params) -> list[int]:
-        policy, out = DSpark(**params), []
-        for step in range(2 * PROBE_EVERY):
-            b = policy.plan(replace(make_plan_ctx(4, step=step, prior_conf=conf, cost=cost), cost_learns=learns))
+    def probes(conf: float, learns: bool, steps: int = 2 * PROBE_EVERY, policy: DSpark | None = None,
+               batch: int = 4, **params) -> list[int]:
+        policy, out = policy or DSpark(**params), []
+        for step in range(steps):
+            b = policy.plan(replace(make_plan_ctx(batch, step=step, prior_conf=conf, cost=cost), cost_learns=learns))
             if not b.any():
                 out.append(step)
         return out
 
     # conf 0.2: one position each, tau 4.8 in 22 ms against 4 in 20 ms: +9.1% < PROBE_GAIN
     assert PROBE_GAIN > 0.091
-    assert probes(0.2, True) == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
+    spaced, P = DSpark(), PROBE_EVERY
+    assert probes(0.2, True, 40 * P, spaced) == [P - 1, 3 * P - 1, 7 * P - 1, 15 * P - 1, 31 * P - 1]
+    # the spacing stops doubling at PROBE_MAX: the next probe is PROBE_MAX plans after the last
+    assert probes(0.2, True, 16 * P, spaced) == [31 * P - 1 + PROBE_MAX - 40 * P]
+    assert probes(0.2, True, 2 * P, spaced, batch=16) == [P - 1]  # another bucket: its own spacing
     assert probes(0.2, False) == []
     assert probes(0.9, True) == []  # drafting predicted to pay far more than PROBE_GAIN
     assert probes(0.2, True, probe=False) == []
