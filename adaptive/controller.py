@@ -10,6 +10,7 @@ policy cannot leak a drafted token into its own verification decision.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -45,6 +46,8 @@ class Controller:
         self.fallbacks: Counter[str] = Counter()
         self._causal = policy.overrides("verify")
         self._view: tuple[int, int, Any] = (-1, -1, None)  # (step, batch size, the cost policies see)
+        self._asks_verify = (-1, True)  # (step, whether its `verify` is asked: `policy.verifies`)
+        self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), measured where cost learns
 
     def step_cost(self, step: int, batch_size: int) -> Any:
         """The cost model as this step's policy calls see it: bound to the step's batch size when
@@ -99,6 +102,9 @@ class Controller:
                           cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
         off = np.zeros(B, np.int64)
         val, ok = self._call("plan", self.policy.plan, ctx)
+        if self._causal:
+            asks, fine = self._call("verifies", self.policy.verifies, step)
+            self._asks_verify = (step, bool(asks) if fine else True)
         return self._ints("plan", val, B, 0, self.max_depth, off) if ok else off
 
     def keep_fn(self, step: int, seq_ids: np.ndarray, budgets: np.ndarray):
@@ -122,9 +128,14 @@ class Controller:
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, J)
             self._last_conf, self._last_conf_step = conf, step
-            if not self._causal:
+            if not self._causal or self._asks_verify == (step, False):
                 return drafted
-            return self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
+            if not self.learn_cost:  # no clock where the cost model is not learned (replays stay exact)
+                return self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
+            t = time.perf_counter()
+            d = self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
+            self._verify_s = (step, time.perf_counter() - t)
+            return d
         return verify
 
     def _causal_verify(self, step, seq_ids, context_lens, drafted, conf, top1) -> np.ndarray:
@@ -176,7 +187,8 @@ class Controller:
             self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,
                               overhead_passes, batch_size=len(seq_ids))
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
-                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s, first_pass_s)
+                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s, first_pass_s,
+                          self._verify_s[1] if self._verify_s[0] == step else 0.0)
         self._call("observe", self.policy.observe, out)
         if len(finished):
             self.acceptance.forget(finished)

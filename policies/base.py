@@ -113,6 +113,9 @@ class StepOutcome:
     # seconds of the step's first draft pass (it also catches up on the tokens committed since the
     # sequence last drafted, so it costs more than the later ones); 0: not measured
     first_pass_s: float = 0.0
+    # seconds the controller spent asking `verify` this step, all causal calls (measured live where
+    # the controller learns its cost model; 0 in replay and where `verify` was not asked)
+    verify_time_s: float = 0.0
 
     @property
     def emitted(self) -> np.ndarray:
@@ -142,6 +145,11 @@ class DepthPolicy:
 
     def verify(self, ctx: VerifyContext) -> np.ndarray:
         return ctx.drafted
+
+    def verifies(self, step: int) -> bool:
+        """Whether the controller asks `verify` this step (asked right after `plan`): False
+        verifies every drafted token, as a policy without `verify` does (lossless either way)."""
+        return True
 
     def observe(self, out: StepOutcome) -> None:
         return None

@@ -61,6 +61,9 @@ ASK_Z = 2.0  # ... and it stops while the measured value is below zero by this m
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
 PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`), a spacing that doubles
 PROBE_MAX = 256  # with each probe, up to this
+VERIFY_EVIDENCE = 8  # 1-deep steps that asked `verify` before their measure may skip it (`_verifying`)...
+VERIFY_RATE = 0.05  # ...its running means' weight on a new such step, after the first 20...
+VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this many
 
 
 @dataclass
@@ -80,6 +83,12 @@ class _Gate:
     # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
     # relative gain and its square (for the standard error)
     ask_means: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    # `verify` on 1-deep steps (see `DSpark._verifying`): running means of the target time it saved
+    # and of the controller's time asking it, seconds; the steps measured; steps since one asked
+    verify_saved: float = 0.0
+    verify_cost: float = 0.0
+    verify_n: int = 0
+    verify_skips: int = 0
 
 
 class _Prices:
@@ -121,16 +130,18 @@ class DSpark(DepthPolicy):
             while doing so has measured a gain over stopping at the first (see `_asking`).
         probe: now and then draft nothing where drafting is predicted to gain little, so the
             cost model sees the step it would otherwise never take (see `_probing`).
+        weigh_verify: skip `verify` on 1-deep steps while asking it costs more time than it has
+            saved (see `_verifying`).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
-                                           "probe": True}
+                                           "probe": True, "weigh_verify": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
-                 probe: bool = True) -> None:
+                 probe: bool = True, weigh_verify: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -143,6 +154,8 @@ class DSpark(DepthPolicy):
         self.lookahead = int(lookahead)  # draft passes keep_drafting looks ahead
         self.weigh_asks = bool(weigh_asks)
         self.probe = bool(probe)
+        self.weigh_verify = bool(weigh_verify)
+        self._skip_verify = -1  # the step whose `verify` is not worth asking (see `_verifying`)
         self._gates: dict[int, _Gate] = {}  # batch-size bucket (B.bit_length()) -> its measures
         self._asking_now = -1  # the step asking `keep_drafting` now (-1: none)...
         self._asking_gate = _Gate()  # ...and its bucket's measures
@@ -180,6 +193,8 @@ class DSpark(DepthPolicy):
             else:
                 np.minimum(budgets, 1, out=budgets)
                 deepest = 1
+        if deepest == 1 and self.weigh_verify and ctx.cost_learns and not self._verifying(gate):
+            self._skip_verify = ctx.step
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
         return budgets
@@ -211,6 +226,45 @@ class DSpark(DepthPolicy):
             return False
         gate.probe_every = min(2 * gate.probe_every, PROBE_MAX)
         return True
+
+    def _verifying(self, gate: _Gate) -> bool:
+        """Whether a step drafting one position asks `verify` (else every drafted token is verified).
+
+        Asking is a causal call into the controller after drafting, run with the caches cold from
+        the draft pass before it: ~80 us a step on the bundled CPU pair at batch 4, ~1% of a step
+        there, where static k = 1 asks nothing. What it can save is the target time of the drafted
+        positions it leaves unverified, which on a 1-deep step is little: a position is left out
+        only where its confidence is too low to pay even the marginal token. Both are measured on
+        the 1-deep steps that asked (the target time saved priced by the cost model, the asking
+        timed by the controller; running means, ~20 steps' memory, per batch-size bucket), and
+        after `VERIFY_EVIDENCE` such steps `verify` is skipped while it has cost more than it saved;
+        one step in `VERIFY_PROBE` asks anyway, so the measure follows a change. Only where the
+        controller learns its cost model and times the calls: a replay always asks."""
+        if gate.verify_n < VERIFY_EVIDENCE or gate.verify_saved >= gate.verify_cost:
+            gate.verify_skips = 0
+            return True
+        gate.verify_skips += 1
+        if gate.verify_skips >= VERIFY_PROBE:
+            gate.verify_skips = 0
+            return True
+        return False
+
+    def verifies(self, step: int) -> bool:
+        return step != self._skip_verify
+
+    def _weigh_verify(self, out: StepOutcome) -> None:
+        """A 1-deep step that asked `verify`: the target time it saved and the time asking took."""
+        p, B = self._prices, len(out.seq_ids)
+        gate = self._gates.get(B.bit_length())
+        if p is None or gate is None or p.key[0] != out.step or int(out.drafted.max(initial=0)) != 1:
+            return
+        t = p.target_at(np.array([B + int(out.drafted.sum()), B + int(out.verified.sum())]))  # (2,) all, as verified
+        gate.verify_n += 1
+        w = max(VERIFY_RATE, 1.0 / gate.verify_n)
+        # an outlier (a first call, a pause) counts as at most twice the mean plus 1 ms, as in the cost model
+        cost = out.verify_time_s if gate.verify_n == 1 else min(out.verify_time_s, 2.0 * gate.verify_cost + 1e-3)
+        gate.verify_saved += w * (float(t[0] - t[1]) - gate.verify_saved)
+        gate.verify_cost += w * (cost - gate.verify_cost)
 
     def _small_gain(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """The plan's predicted throughput gain over drafting nothing is under PROBE_GAIN."""
@@ -268,6 +322,8 @@ class DSpark(DepthPolicy):
         return True
 
     def observe(self, out: StepOutcome) -> None:
+        if out.verify_time_s > 0.0:
+            self._weigh_verify(out)
         if self._asking_now != out.step:
             return
         self._asking_now = -1

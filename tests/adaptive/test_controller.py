@@ -59,6 +59,9 @@ class RandomPolicy(DepthPolicy):
     def verify(self, ctx):
         return self.rng.integers(0, ctx.drafted + 1)
 
+    def verifies(self, step):
+        return self.rng.random() < 0.7  # else every drafted token is verified
+
 
 BUILTINS = [name for name, _, _ in list_policies() if name != "oracle"]
 
@@ -96,6 +99,11 @@ class Faulty(DepthPolicy):
         if self.mode == "raise" and self.calls % 3 == 0:
             raise RuntimeError("verify broke")
         return ctx.drafted
+
+    def verifies(self, step):
+        if self.mode == "raise" and step % 5 == 0:
+            raise RuntimeError("verifies broke")  # the controller asks `verify` that step
+        return True
 
 
 @pytest.mark.parametrize("mode", ["raise", "nan", "shape", "negative", "huge", "string"])
@@ -138,6 +146,39 @@ def test_verify_is_asked_causally(pair, workload):
     outs, _, _ = run(pair, reqs, Spy())
     assert [o.output_ids for o in outs] == ref
     assert set(seen) == {1, 2, 3}  # one call per position, each seeing only columns 1..j
+
+
+def test_a_step_whose_verify_is_not_worth_asking_verifies_every_drafted_token(pair, workload):
+    """`verifies(step)` False (asked right after `plan`): `verify` is not called that step and every
+    drafted token is verified, as for a policy without `verify`; the outcome says no time was spent
+    asking. Where the controller learns its cost model it times the calls it makes."""
+    reqs, ref = workload
+    asked, outcomes = [], []
+
+    class Sometimes(DepthPolicy):
+        name = "sometimes"
+
+        def plan(self, ctx):
+            return np.full(ctx.batch_size, 3)
+
+        def verify(self, ctx):
+            asked.append(ctx.step)
+            return np.minimum(ctx.drafted, 1)  # would verify one position only
+
+        def verifies(self, step):
+            return step % 2 == 0
+
+        def observe(self, out):
+            outcomes.append(out)
+
+    outs, ctl, eng = run(pair, reqs, Sometimes())
+    assert [o.output_ids for o in outs] == ref and not ctl.fallbacks
+    assert asked and all(s % 2 == 0 for s in asked)
+    odd = [o for o in outcomes if o.step % 2 and o.drafted.any()]
+    assert odd and all((o.verified == o.drafted).all() and o.verify_time_s == 0.0 for o in odd)
+    even = [o for o in outcomes if o.step % 2 == 0 and o.drafted.any()]
+    assert any((o.verified < o.drafted).any() for o in even)  # the answers asked took effect
+    assert all(o.verify_time_s > 0.0 for o in even)  # the default controller learns its cost model: timed
     outs, ctl, eng = run(pair, reqs, PeekingPolicy())
     assert [o.output_ids for o in outs] == ref
     assert eng.stats.pos_verified.sum() == 0

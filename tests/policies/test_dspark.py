@@ -234,7 +234,7 @@ def test_parameters_and_registry() -> None:
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
-                                 "streak=0.5, lookahead=1, weigh_asks=True, probe=True)")
+                                 "streak=0.5, lookahead=1, weigh_asks=True, probe=True, weigh_verify=True)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
@@ -409,3 +409,37 @@ def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     steady = run(0)
     assert steady[:ASK_EVIDENCE] == [8] * ASK_EVIDENCE and steady[ASK_EVIDENCE] == 1
     assert all(b == 8 for b in run(25))
+
+
+def test_verify_is_skipped_on_one_deep_steps_while_asking_costs_more_than_it_saves() -> None:
+    """On steps drafting one position, `verify` is asked while the target time it saves (priced
+    by the cost model) has been worth the controller's time asking it (measured); else every
+    drafted token is verified, and one step in VERIFY_PROBE asks anyway. Never skipped where the
+    cost model is not learned (a replay: no time is measured)."""
+    from policies.base import StepOutcome
+    from policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
+    cost = LinearCost(0.010, 0.0005, 0.003)  # a verified token costs 3 ms
+    prior = np.array([[0.9, 0.3] + [0.3] * 6] * 2)
+
+    def run(policy: DSpark, dropped: bool, learns: bool = True) -> list[bool]:
+        asked = []
+        for step in range(VERIFY_EVIDENCE + 2 * VERIFY_PROBE):
+            b = policy.plan(replace(make_plan_ctx(2, prior_conf=prior, cost=cost, step=step), cost_learns=learns))
+            assert b.tolist() == [1, 1]
+            asked.append(policy.verifies(step))
+            drafted = np.ones(2, np.int64)
+            verified = np.array([0 if dropped and asked[-1] else 1, 1])  # (2,) the answer leaves one out
+            t = float(cost.target_time(2 + verified.sum()))
+            policy.observe(StepOutcome(step, np.arange(2), b, drafted, verified, verified, np.full((2, 1), 0.9),
+                                       np.full((2, 1), 0.9), t + 5e-4, 5e-4, t, np.full(2, 100), np.zeros(0, np.int64),
+                                       0.0, 5e-4, 80e-6 if asked[-1] and learns else 0.0))
+        return asked
+
+    # asking takes 80 us and saves nothing (every drafted token verified): skipped after the
+    # evidence, and one step in VERIFY_PROBE still asks
+    asked = run(DSpark(dynamic=False), dropped=False)
+    n = VERIFY_EVIDENCE
+    assert all(asked[:n]) and not any(asked[n:n + VERIFY_PROBE - 1]) and asked[n + VERIFY_PROBE - 1]
+    assert all(run(DSpark(dynamic=False), dropped=True))  # leaving a token out saves 3 ms: asked
+    assert all(run(DSpark(dynamic=False), dropped=False, learns=False))
+    assert all(run(DSpark(dynamic=False, weigh_verify=False), dropped=False))
