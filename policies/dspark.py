@@ -23,7 +23,8 @@ Each step (DESIGN.md "Allocation"):
   them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
   that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
   own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
-  on confidences only, never on a drafted token.
+  on confidences only, never on a drafted token. On a step drafting one position, `verify` is
+  not asked at all (`verifies`) while asking it has cost more than it saved (`_verifying`).
 
 Both use the context-aware cost (context_tokens = the batch's KV tokens).
 
@@ -70,9 +71,10 @@ VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this ma
 class _Gate:
     """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
     cost model's overhead lines): the worth of asking `keep_drafting` past the first position
-    (`DSpark._asking`) and the spacing of its probes (`DSpark._probing`). Asking pays at batch 1 on
-    the bundled pair and loses at 16, so one measure across a batch that moves would follow the
-    batch instead of the question."""
+    (`DSpark._asking`), the spacing of its probes (`DSpark._probing`) and the worth of asking
+    `verify` on 1-deep steps (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair
+    and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
+    batch that moves would follow the batch instead of the question."""
 
     probe_wait: int = 0  # drafting plans since the last weighing
     probe_every: int = PROBE_EVERY  # plans between weighings: doubles with each probe, up to PROBE_MAX
@@ -291,8 +293,9 @@ class DSpark(DepthPolicy):
         spend ~`ASK_SPEND` of throughput, at most one in `ASK_PROBE_MAX`). At batch 16 on the
         bundled pair an asked step lost ~20%: 1 in 16 cost ~1.3% of throughput; at batch 1 the
         loss was ~3% and the rare streaks that revert it need the probes. The measure is kept per
-        batch-size bucket (`_Gate`). The priors the plan rests on say how deep drafting pays on average; the measure says
-        whether the drafts past the first, as `keep_drafting` chose them, paid here.
+        batch-size bucket (`_Gate`). The priors the plan rests on say how deep drafting pays on
+        average; the measure says whether the drafts past the first, as `keep_drafting` chose
+        them, paid here.
 
         Both costs of going on are in the measure. Each ask is a call into the controller between
         two draft passes: small next to a GPU step, but on the bundled CPU pair it runs with the
