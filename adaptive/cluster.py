@@ -373,7 +373,8 @@ class ClusterController:
         before = self.pooled_observations()
         rep.ctl.observe(reply.step, reply.seq_ids, reply.context_lens, rep.budgets, reply.drafted,
                         reply.verified, reply.accepted, reply.top1, reply.entropy, reply.draft_s,
-                        reply.target_s, reply.draft_passes, finished, conf=conf)
+                        reply.target_s, reply.draft_passes, finished, conf=conf, keep_s=reply.keep_s,
+                        first_pass_s=reply.first_pass_s, verify_s=reply.verify_s)
         rep.observations += self.pooled_observations() - before
         rep.ctl.fallbacks.update(reply.fallbacks)
         for st in (self.stats, rep.stats):

@@ -23,7 +23,7 @@ log = logging.getLogger("specdepth.controller")
 
 class Controller:
     def __init__(self, policy: DepthPolicy, max_depth: int, cost: Any = None, acceptance: Any = None,
-                 learn_cost: bool = True) -> None:
+                 learn_cost: bool = True, time_verify: bool | None = None) -> None:
         """
         Args:
             policy: the depth policy.
@@ -31,6 +31,8 @@ class Controller:
             cost: a cost model (adaptive.cost_model); default: a fixed 1 ms / 0.1 ms model.
             acceptance: an acceptance model (adaptive.acceptance); default: a fresh one.
             learn_cost: refine the cost model from measured step times (off for exact replays).
+            time_verify: time the causal `verify` calls, for the policy's `StepOutcome` (default:
+                as `learn_cost`; a replica's controller times them for the controller it serves).
         """
         from adaptive.acceptance import AcceptanceModel
         from adaptive.cost_model import FixedCost
@@ -39,6 +41,7 @@ class Controller:
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.learn_cost = learn_cost
+        self.time_verify = learn_cost if time_verify is None else time_verify
         # (predicted pass, predicted draft passes, predicted overhead, measured pass, measured draft,
         # measured overhead) per step, the predictions made before the step was observed; filled
         # only when a list is put here (benchmarks: `ctl.cost_track = []`)
@@ -47,7 +50,7 @@ class Controller:
         self._causal = policy.overrides("verify")
         self._view: tuple[int, int, Any] = (-1, -1, None)  # (step, batch size, the cost policies see)
         self._asks_verify = (-1, True)  # (step, whether its `verify` is asked: `policy.verifies`)
-        self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), measured where cost learns
+        self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), with `time_verify`
 
     def step_cost(self, step: int, batch_size: int) -> Any:
         """The cost model as this step's policy calls see it: bound to the step's batch size when
@@ -103,9 +106,22 @@ class Controller:
         off = np.zeros(B, np.int64)
         val, ok = self._call("plan", self.policy.plan, ctx)
         if self._causal:
+            self._verifies(step)
+        return self._ints("plan", val, B, 0, self.max_depth, off) if ok else off
+
+    def _verifies(self, step: int) -> bool:
+        """`policy.verifies(step)`, asked once a step: right after `plan`, or where the plan was
+        made elsewhere (a replica, whose policy comes from the controller after its plan), at the
+        step's verify. A fault counts and asks `verify`."""
+        if self._asks_verify[0] != step:
             asks, fine = self._call("verifies", self.policy.verifies, step)
             self._asks_verify = (step, bool(asks) if fine else True)
-        return self._ints("plan", val, B, 0, self.max_depth, off) if ok else off
+        return self._asks_verify[1]
+
+    def verify_seconds(self, step: int) -> float:
+        """Seconds of `step`'s causal verify calls, as timed with `time_verify` (0: not timed, or
+        `verify` not asked)."""
+        return self._verify_s[1] if self._verify_s[0] == step else 0.0
 
     def keep_fn(self, step: int, seq_ids: np.ndarray, budgets: np.ndarray):
         if not self.policy.overrides("keep_drafting"):
@@ -128,9 +144,9 @@ class Controller:
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, J)
             self._last_conf, self._last_conf_step = conf, step
-            if not self._causal or self._asks_verify == (step, False):
+            if not self._causal or not self._verifies(step):
                 return drafted
-            if not self.learn_cost:  # no clock where the cost model is not learned (replays stay exact)
+            if not self.time_verify:  # no clock where the cost model is not learned (replays stay exact)
                 return self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
             t = time.perf_counter()
             d = self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
@@ -162,13 +178,15 @@ class Controller:
                 drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
                 entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
                 finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None,
-                overhead_passes: int = 0, keep_s: float = 0.0, first_pass_s: float = 0.0) -> None:
+                overhead_passes: int = 0, keep_s: float = 0.0, first_pass_s: float = 0.0,
+                verify_s: float | None = None) -> None:
         """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
         this controller computed in the step's verify; a remote replica passes its own).
         `overhead_s`: a step's time outside the model passes, for the cost model (the engine
         reports its last complete step's), and `overhead_passes` that step's draft passes.
         `keep_s`: the seconds the step spent in the `keep_drafting` callback, and `first_pass_s`
-        those of its first draft pass (0: not measured); the policy sees both."""
+        those of its first draft pass (0: not measured), and `verify_s` those of its causal verify
+        calls (None: as this controller timed them, `verify_seconds`); the policy sees all three."""
         own = None  # this step's confidences from this very model, if the verify callback made them
         if conf is None:
             conf = getattr(self, "_last_conf", np.zeros_like(top1))
@@ -188,7 +206,7 @@ class Controller:
                               overhead_passes, batch_size=len(seq_ids))
         out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
                           draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s, first_pass_s,
-                          self._verify_s[1] if self._verify_s[0] == step else 0.0)
+                          self.verify_seconds(step) if verify_s is None else verify_s)
         self._call("observe", self.policy.observe, out)
         if len(finished):
             self.acceptance.forget(finished)

@@ -157,6 +157,9 @@ class StepReply:
     draft_s: float = 0.0  # draft passes' wall time
     target_s: float = 0.0  # verification pass wall time
     draft_passes: int = 0
+    keep_s: float = 0.0  # inside the local keep_drafting calls (the policy's measure of its asks)
+    first_pass_s: float = 0.0  # the first draft pass
+    verify_s: float = 0.0  # the local causal verify calls (0: not asked)
     failed: dict = field(default_factory=dict)  # sequence id -> error message (that sequence only)
     fallbacks: dict = field(default_factory=dict)  # policy faults in local keep/verify this step
     prefill_s: float = 0.0  # (re-)prefilling added sequences
@@ -238,7 +241,8 @@ class Replica:
         reply = StepReply(plan.step, self.incarnation, os.getpid(), seq_ids=seq_ids, drafted=res.drafted,
                           verified=res.verified, accepted=res.accepted, emitted=res.emitted, top1=res.top1,
                           entropy=res.entropy, conf=conf, context_lens=ctx_lens, draft_s=res.draft_s,
-                          target_s=res.target_s, draft_passes=res.draft_passes,
+                          target_s=res.target_s, draft_passes=res.draft_passes, keep_s=res.keep_s,
+                          first_pass_s=res.first_pass_s, verify_s=ctl.verify_seconds(plan.step) if ctl else 0.0,
                           failed={int(seq_ids[r]): str(e) for r, e in res.failed.items()},
                           fallbacks=dict(self._fallbacks - before), prefill_s=t2 - t1, params_s=t3 - t2)
         reply.handler_s = time.perf_counter() - t0
@@ -256,7 +260,7 @@ class Replica:
         state.update({k: cal[k] for k in ("weights", "global_rates", "cat_shift", "seq_ids", "seq_stats")})
         acc.load_state_dict(state)
         ctl = Controller(params.policy, self.config.max_depth, cost=params.cost, acceptance=acc,
-                         learn_cost=False)
+                         learn_cost=False, time_verify=True)
         ctl.fallbacks = self._fallbacks
         return ctl
 

@@ -79,6 +79,9 @@ def test_actor_steps_exactly_like_the_in_process_runner(ray_session, actor):
     reply = ray.get(actor.step.remote(plan))
     assert not reply.lost and reply.conf.shape == reply.top1.shape
     assert (reply.verified <= reply.drafted).all() and (reply.accepted <= reply.verified).all()
+    # the local calls' times travel back for the policy's measures (StepOutcome's keep, first
+    # pass and verify times)
+    assert reply.first_pass_s > 0 and reply.verify_s > 0 and reply.keep_s > 0  # budgets 6: keep_drafting asked
     np.testing.assert_allclose(reply.conf, acc.calibrate(ids[:2], reply.top1, reply.entropy) * (reply.top1 > 0))
     for sid, new in zip(ids[:2].tolist(), reply.emitted):
         n = len(emitted[sid]) + len(new)
