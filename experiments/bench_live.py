@@ -65,11 +65,9 @@ def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceMod
     """A fresh engine for `spec` at `batch`, its controller from copies of `cost` and `acc`, or with
     `start`, of a warmed controller's policy, cost model and acceptance model (its step and
     sequence numbers continued, so the policy's state reads as one run)."""
-    if start is None:
-        ctl = Controller(make_policy(spec), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
-    else:
-        ctl = Controller(copy.deepcopy(start.ctl.policy), K, cost=copy.deepcopy(start.ctl.cost),
-                         acceptance=copy.deepcopy(start.ctl.acceptance))
+    policy, cost, acc = (make_policy(spec), cost, acc) if start is None else \
+        (start.ctl.policy, start.ctl.cost, start.ctl.acceptance)
+    ctl = Controller(copy.deepcopy(policy), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
     eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl)
     if start is not None:
         eng.step_no, eng.seq_no = start.step_no, start.seq_no
