@@ -70,3 +70,35 @@ def row_kernel(table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray, ctx: 
     else:
         out[nx] = out[nx - 1]
     return out
+
+
+@njit(cache=True)
+def _interp_at(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """np.interp(x, xp, fp) for one x, in numpy's arithmetic: fp[0] left of the grid, fp[-1] from
+    its last point on, fp[j] on a grid point, else slope * (x - xp[j]) + fp[j]."""
+    n = xp.shape[0]
+    if x < xp[0]:
+        return fp[0]
+    if x >= xp[n - 1]:
+        return fp[n - 1]
+    j = np.searchsorted(xp, x, side="right") - 1  # xp[j] <= x < xp[j + 1]
+    if xp[j] == x:
+        return fp[j]
+    return (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]) * (x - xp[j]) + fp[j]
+
+
+@njit(cache=True)
+def by_n_kernel(size: int, x_ext: np.ndarray, row: np.ndarray, shift: bool, b: float, b_ext: np.ndarray,
+                b_row: np.ndarray, scale: float, overhead: float) -> np.ndarray:
+    """(size,) `ProfiledCost.target_time(np.arange(size), ctx, B)` from the rows at the step's
+    context: the target's row (`_Interp.row`, x_ext its grid) at N = 0..size-1; with `shift`,
+    plus the decode offset's row at b = min(B, the batch grid's end), floored at half; times
+    `scale` (the speed), plus `overhead` (the step's), in that order."""
+    out = np.empty(size)
+    off = _interp_at(b, b_ext, b_row) if shift else 0.0
+    for n in range(size):
+        t = _interp_at(float(n), x_ext, row)
+        if shift:
+            t = max(t + off, 0.5 * t)
+        out[n] = t * scale + overhead
+    return out

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -105,9 +106,14 @@ class _Prices:
         table = getattr(cost, "target_by_n", None)  # CostModel's faster form (same numbers), if it has one
         self.target = table(size, context) if table else np.asarray(cost.target_time(np.arange(size), context),
                                                                     np.float64)  # (N,) by N
-        self.draft_one, self.draft_all = float(cost.draft_time(1, context)), float(cost.draft_time(n, context))
-        # (n,) a draft pass of k = 1..n rows, linear in k between the two measured ends
-        self.pass_k = self.draft_one + (self.draft_all - self.draft_one) * np.arange(n) / max(n - 1, 1)
+        self.draft_all = float(cost.draft_time(n, context))
+
+    @cached_property
+    def pass_k(self) -> np.ndarray:
+        """(n,) a draft pass of k = 1..n rows, linear in k between the two measured ends (for
+        keep_drafting only: most steps never ask it)."""
+        n, one = self.key[2], float(self.cost.draft_time(1, self.context))
+        return one + (self.draft_all - one) * np.arange(n) / max(n - 1, 1)
 
     def target_at(self, n_tokens: np.ndarray) -> np.ndarray:
         """cost.target_time(n_tokens), from the table where it reaches."""

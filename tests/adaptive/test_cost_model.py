@@ -220,6 +220,21 @@ def test_target_by_n_is_target_time_bit_for_bit(model):
             assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
 
 
+def test_profiled_target_by_n_is_target_time_bit_for_bit_in_every_step_shape():
+    """ProfiledCost's compiled table: on and off its grids, beyond its last point, with the decode
+    shape's offset at batch sizes on, between and past the batch grid, after online corrections."""
+    plain = make_profiled(step_overhead_s=3e-4)
+    decode = plain.target_table[:, [0, 3, 6]] * np.array([1.0, 0.9, 0.8])
+    one_point = ProfiledCost([4], [0], [[1e-3]], [1], [[1e-4]], decode_s=[[9e-4]])
+    for c in (plain, make_profiled(decode_s=decode, step_overhead_s=3e-4), make_profiled(decode_s=decode), one_point):
+        for step in range(3):
+            for size, ctx, b in ((1, 0, 0), (9, 0, 1), (37, 500, 4), (577, 1000, 8), (600, 12_345, 64),
+                                 (2305, 10**7, 300), (130, 999.5, 3)):
+                want = np.asarray(c.target_time(np.arange(size), ctx, b), np.float64)
+                assert c.target_by_n(size, ctx, b).tobytes() == want.tobytes()
+            c.observe(24, 2000, 1.3 * c.target_time(24, 2000), 8, 2, 0.002, overhead_s=1e-3, batch_size=8)
+
+
 def test_profiled_learns_the_step_overhead_apart_from_the_pass():
     c = make_profiled()
     pass_s = 1.3 * (c.target_time(24, 2000) - c.step_overhead_s)
