@@ -13,11 +13,12 @@ Two layers, both pure numpy and deterministic:
    warm-started Newton (IRLS) steps on *binned sufficient statistics*: per (position, logit-t bin,
    entropy bin) the count, the accepts and the feature sums. These add up across replicas, so
    `merge` pools them exactly, and they take fixed memory; an effective window caps each
-   position's count (older statistics are scaled down) so the model keeps adapting. The same
-   fit also sets the global conditional acceptance rate of each position (Beta-smoothed counts,
-   each position's prior being the previous one's), which `prior_conf` uses before drafting.
-   The global layer changes only at a fit, so a step's predictions never depend on the order of
-   observations in between.
+   position's count (older statistics are scaled down) so the model keeps adapting. The
+   global conditional acceptance rate of each position (Beta-smoothed counts, each position's
+   prior being the previous one's) and the rates per planning state, which `prior_conf` uses
+   before drafting, are refreshed with layer 3 (`_refresh_states`). The regression changes only
+   at a fit and the rates only at a refresh, so a step's predictions never depend on the order
+   of observations in between.
 2. Per sequence, a Beta-Bernoulli posterior on how the sequence compares with the global model:
    with n counted observations, `acc` of them accepted, and g the mean global prediction for
    them, theta = (acc + k g) / (n + k) (prior Beta(k g, k (1 - g)), k = `seq_strength`), applied
@@ -71,11 +72,9 @@ Z_EDGES = np.linspace(-6.0, 6.0, 25)  # logit(top1) bin edges: 26 bins, 0.5 wide
 H_EDGES = np.array([0.05, 0.2, 0.5, 1.0, 2.0, 4.0])  # entropy (nats) bin edges: 7 bins
 N_CELLS = (len(Z_EDGES) + 1) * (len(H_EDGES) + 1)
 N_FEAT = 3  # log t, -log(1 - t), H
-SEQ_COLS = 8  # accepted, rejected, sum c_global, sum (1 - c_global), sum g, sum (1 - g), state, category
-N_STATES = 3  # a sequence's last verified step: 0 none yet, 1 all verified accepted, 2 a rejection
-STATE = 6  # the seq_stats column holding it
-CAT = 7  # the seq_stats column holding the last step's category (`kernels.last_category`; 0 none)
-N_CATS = 11
+SEQ_COLS = 7  # accepted, rejected, sum c_global, sum (1 - c_global), sum g, sum (1 - g), category
+CAT = 6  # the seq_stats column holding the last step's category (`kernels.last_category`; 0 none)
+N_CATS = 11  # categories: also the planning states of `prior_conf`
 
 
 @dataclass(frozen=True)
@@ -144,9 +143,10 @@ class AcceptanceModel:
         self.cells = np.zeros((P, N_CELLS, 2 + N_FEAT))  # per cell: n, accepted, feature sums
         self.weights = np.tile(IDENTITY, (P, 1))  # (P, 4) current fit
         self.global_rates = np.full(P, cfg.prior_rate)  # (P,) conditional acceptance rates, as of the fit
-        self.state_counts = np.zeros((N_STATES, P, 2))  # per state and position: n, accepted
-        self.state_rates = np.full((N_STATES, P), cfg.prior_rate)  # (S, P) as of the fit
-        self.state_n = np.zeros((N_STATES, P))  # (S, P) as of the fit
+        # planning rates per state (the last step's category) and position (see `prior_conf`)
+        self.state_counts = np.zeros((N_CATS, P, 2))  # per state and position: n, accepted
+        self.state_rates = np.full((N_CATS, P), cfg.prior_rate)  # (S, P) as of the last refresh
+        self.state_n = np.zeros((N_CATS, P))  # (S, P) as of the last refresh
         self.cat_stats = np.zeros((N_CATS, 3))  # per last-step category, position 1: n, accepted, sum base conf
         self.cat_shift = np.zeros(N_CATS)  # (C,) position 1's log-odds shift per category, as of the last refresh
         self.since_cat = 0  # counted observations since that refresh
@@ -208,6 +208,28 @@ class AcceptanceModel:
         self.cat_shift = np.where(n > 0, _logit((acc + k * g) / (n + k)) - _logit(g), 0.0)
         self.since_cat = 0
         self._shift_cache.clear()
+        self._refresh_states()
+
+    def _refresh_states(self) -> None:
+        """The global conditional rate of each position (Beta-smoothed counts, each position's
+        prior being the previous position's rate) and the planning rates per state and position
+        (`prior_conf`: Beta-smoothed counts, each pulled toward the position's global rate).
+        Refreshed with the category shifts (every `cat_refresh` counted observations), and so
+        also at a fit: a state the warm-up never visited (its steps were all 8 deep) is learned
+        within tens of steps of a policy that visits it, not thousands of observations later at
+        the next fit. The global rates move with them: state 0 plans with the global rate and
+        the count behind every state's, which must describe the same data (with the count
+        refreshed and the rate still the prior's 0.5 until the first fit, a replay at
+        concurrency 1 stopped drafting for good after 64 observations)."""
+        cfg = self.config
+        rate = cfg.prior_rate
+        n, acc = self.cells[:, :, 0].sum(1), self.cells[:, :, 1].sum(1)  # (P,)
+        for p in range(cfg.max_positions):
+            self.global_rates[p] = rate = (acc[p] + cfg.rate_strength * rate) / (n[p] + cfg.rate_strength)
+        sn, sa = self.state_counts[..., 0], self.state_counts[..., 1]  # (S, P)
+        self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
+        self.state_n = sn.copy()
+        self._plan_logit.clear()
 
     def _shift(self, rows: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
         """(B,) log-odds shift from each sequence's Beta-Bernoulli posterior (0 when unknown)."""
@@ -245,11 +267,17 @@ class AcceptanceModel:
     def prior_conf(self, seq_ids: np.ndarray, K: int) -> np.ndarray:
         """(B, K) history-based confidences before drafting.
 
-        The base is the global per-position rate *given the sequence's last verified step*: all
-        accepted, a rejection, or none yet (after a rejection the next token follows a correction
-        the draft got wrong, and runs are much shorter: on the bundled pair position 1 is accepted
-        0.87 of the time after a fully accepted step of 8 and 0.68 after a rejection). It is then
-        shifted by the sequence's own history (Beta-Bernoulli, as `calibrate`).
+        The base is the global per-position rate *given the sequence's last verified step*, its
+        category (`kernels.last_category`: its length, 1, 2, 3, 4-7 or 8+, and whether all of it
+        was accepted; or none yet). After a rejection the next token follows a correction the
+        draft got wrong, and runs are much shorter: on the bundled pair position 1 is accepted
+        0.87 of the time after a fully accepted step of 8 and 0.68 after a rejection. The length
+        matters as much: three states (all accepted, a rejection, none), learned mostly from the
+        warm-up's steps of 8, planned position 1 at 0.85 after any full acceptance, where after
+        one of 1 or 3 it was accepted 0.76 of the time (static k = 1 and 3 at batch 4, live), and
+        dspark's plan drafted 3 deep at batch 4, where 1 deep ran 6% faster. The rates per state
+        are refreshed every `cat_refresh` counted observations (`_refresh_states`). The base is
+        then shifted by the sequence's own history (Beta-Bernoulli, as `calibrate`).
 
         For planning, position 1's rate is optimistic by `optimism` standard errors,
         r + z sqrt(r (1 - r) / (n + rate_strength)): a rate learned from few observations is
@@ -262,15 +290,15 @@ class AcceptanceModel:
         rows = self._rows(seq_ids)  # (B,)
         state = np.zeros(len(rows), np.int64)  # (B,) unknown sequences: state 0
         known = rows >= 0
-        state[known] = self.seq_stats[rows[known], STATE]
+        state[known] = self.seq_stats[rows[known], CAT]
         shift = self._seq_shift(seq_ids, (4, 5))  # (B,)
-        base = self._plan_logit.get(K)  # the rates change only at a fit: computed once per fit
+        base = self._plan_logit.get(K)  # the rates change only at a refresh: computed once per refresh
         if base is None:
             base = self._plan_logit[K] = _logit(self.plan_rates(K))  # (S, K)
         return _sigmoid(base[state] + shift[:, None])
 
     def base_rates(self, K: int) -> tuple[np.ndarray, np.ndarray]:
-        """(S, K) planning rates per state, and the observations behind them, as of the last fit.
+        """(S, K) planning rates per state, and the observations behind them, as of the last refresh.
 
         State 0 (no verified step yet, or none last step) is the population's rate, pooled over
         every state: a sequence there has no streak of its own to condition on. Its own learned
@@ -283,7 +311,7 @@ class AcceptanceModel:
         return r, n
 
     def plan_rates(self, K: int) -> np.ndarray:
-        """(S, K) the per-state rates with their optimism bonus (see `prior_conf`), as of the last fit."""
+        """(S, K) the per-state rates with their optimism bonus (see `prior_conf`), as of the last refresh."""
         r, n = self.base_rates(K)  # (S, K)
         r1, n1 = r[:, 0], n[:, 0]  # (S,) position 1: the door (see `prior_conf`)
         r[:, 0] = np.minimum(r1 + self.config.optimism * np.sqrt(r1 * (1 - r1) / (n1 + self.config.rate_strength)),
@@ -322,7 +350,7 @@ class AcceptanceModel:
         first_base = calibrate_kernel(top1[:, :1], entropy[:, :1], self.weights[:1], self._seq_shift(seq_ids, (2, 3)),
                                       zero, EPS)[:, 0]  # (B,) position 1 without its category shift
         rows = np.array([self._row_for(int(s)) for s in np.ravel(seq_ids)], np.int64)  # may grow seq_stats
-        state = self.seq_stats[rows, STATE].astype(np.int64)  # (B,) before this step
+        state = self.seq_stats[rows, CAT].astype(np.int64)  # (B,) before this step
         g_rate = self.base_rates(J)[0][state]  # (B, J) the planning baseline
         self._shift_cache.clear()
         # the calibration tally, the sequences' histories, the per-state counts and the binned
@@ -348,8 +376,8 @@ class AcceptanceModel:
         rows = rows[rows >= 0]
         if len(rows):
             self._shift_cache.clear()
-            self.seq_stats[rows, :STATE] *= self.config.idle_decay
-            self.seq_stats[rows, STATE:] = 0  # state and category: none
+            self.seq_stats[rows, :CAT] *= self.config.idle_decay
+            self.seq_stats[rows, CAT] = 0  # category (and planning state): none
 
     def _row_for(self, seq_id: int) -> int:
         row = self._seq_row.get(seq_id)
@@ -382,18 +410,11 @@ class AcceptanceModel:
         n_cat = self.cat_stats[:, 0]  # (C,)
         over_cat = n_cat > cfg.window
         self.cat_stats[over_cat] *= (cfg.window / n_cat[over_cat])[:, None]
-        self._refresh_cats()
-        prior, rate = IDENTITY, cfg.prior_rate
-        n, acc = self.cells[:, :, 0].sum(1), self.cells[:, :, 1].sum(1)  # (P,)
+        self._refresh_cats()  # (and the rates: `_refresh_states`)
+        prior = IDENTITY
         for p in range(cfg.max_positions):
             self.weights[p] = prior = self._fit_position(self.cells[p], prior, self.weights[p])
-            # Beta-smoothed rate, each position's prior being the previous position's rate
-            self.global_rates[p] = rate = (acc[p] + cfg.rate_strength * rate) / (n[p] + cfg.rate_strength)
-        sn, sa = self.state_counts[..., 0], self.state_counts[..., 1]  # (S, P)
-        self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
-        self.state_n = sn.copy()
         self.since_fit = 0
-        self._plan_logit.clear()
 
     def _fit_position(self, cells: np.ndarray, prior: np.ndarray, w: np.ndarray) -> np.ndarray:
         """MAP logistic regression on one position's binned statistics (weights (4,))."""
@@ -449,7 +470,8 @@ class AcceptanceModel:
         self.cells[:] = state["cells"]
         self.weights[:] = state["weights"]
         self.global_rates[:] = state["global_rates"]
-        if "state_counts" in state:
+        if "state_counts" in state and np.shape(state["state_counts"]) == self.state_counts.shape:
+            # (a state from before the planning states were the categories has 3: it is left out)
             self.state_counts[:] = state["state_counts"]
             self.state_rates[:] = state["state_rates"]
             self.state_n[:] = state["state_n"]
@@ -476,7 +498,7 @@ class AcceptanceModel:
         """
         self._check(other)
         self.cells += other["cells"]
-        if "state_counts" in other:
+        if "state_counts" in other and np.shape(other["state_counts"]) == self.state_counts.shape:
             self.state_counts += other["state_counts"]
         if "cat_stats" in other:
             self.cat_stats += other["cat_stats"]
@@ -494,5 +516,5 @@ class AcceptanceModel:
         self._shift_cache.clear()
         for s, st in zip(np.asarray(state["seq_ids"]).tolist(), np.asarray(state["seq_stats"])):
             row = self._row_for(int(s))
-            self.seq_stats[row, :STATE] += st[:STATE]
-            self.seq_stats[row, STATE:len(st)] = st[STATE:]  # the latest state and category, not sums
+            self.seq_stats[row, :CAT] += st[:CAT]
+            self.seq_stats[row, CAT] = st[CAT]  # the latest category, not a sum

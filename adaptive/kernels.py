@@ -78,8 +78,8 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
         d, a: (B,) verified and accepted counts; rows: (B,) rows of seq_stats; pos: (J,) regression
             index of each column.
         metrics: (2, bins, 3) [calibrated, raw] x bin x (n, sum predicted, sum realised);
-            brier_sum: (2,); seq_stats: (rows, 8), column 6 the last step's state and 7 its
-            category (`last_category`); state_counts: (S, P, 2); cells: (P, cells, 5);
+            brier_sum: (2,); seq_stats: (rows, 7), column 6 the last step's category
+            (`last_category`), also its planning state; state_counts: (S, P, 2); cells: (P, cells, 5);
             cat_stats: (categories, 3) n, accepted, sum first_base at position 1.
     """
     B, J = top1.shape
@@ -88,8 +88,7 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
     n_counted = 0
     for r in range(B):
         row = rows[r]
-        state = int(seq_stats[row, 6])
-        cat = int(seq_stats[row, 7])
+        cat = int(seq_stats[row, 6])  # also the planning state
         s_cal, s_raw = 1.0, 1.0
         for j in range(d[r]):
             y = 1.0 if j < a[r] else 0.0
@@ -119,8 +118,8 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
             seq_stats[row, 4] += q
             seq_stats[row, 5] += 1.0 - q
             p = pos[j]
-            state_counts[state, p, 0] += 1.0
-            state_counts[state, p, 1] += y
+            state_counts[cat, p, 0] += 1.0
+            state_counts[cat, p, 1] += y
             t = min(max(top1[r, j], eps), 1.0 - eps)
             pz = min(max(top1[r, j], 1e-4), 1.0 - 1e-4)
             z = math.log(pz) - math.log1p(-pz)
@@ -138,8 +137,7 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
             cells[p, c, 3] += -math.log1p(-t)
             cells[p, c, 4] += max(h, 0.0)
         if d[r] > 0:
-            seq_stats[row, 6] = 1.0 if a[r] == d[r] else 2.0
-            seq_stats[row, 7] = last_category(d[r], a[r])
+            seq_stats[row, 6] = last_category(d[r], a[r])
     return n_counted
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.acceptance import (CAT, EPS, H_EDGES, STATE, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
+from adaptive.acceptance import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
                                  _linear, _logit, _sigmoid, calibration_error)
 from adaptive.kernels import calibrate_kernel, last_category
 
@@ -184,18 +184,16 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     g_conf = m._global_conf(top1, entropy)
     first_base = _sigmoid(_linear(top1[:, :1], entropy[:, :1], m.weights[:1])[:, 0] + m._seq_shift(seq_ids, (2, 3)))
     rows = [m._row_for(int(x)) for x in seq_ids]
-    state = m.seq_stats[rows, STATE].astype(np.int64)
-    cat = m.seq_stats[rows, CAT].astype(np.int64)
-    g_rate = m.base_rates(J)[0][state]
+    cat = m.seq_stats[rows, CAT].astype(np.int64)  # also the planning state
+    g_rate = m.base_rates(J)[0][cat]
     w = counted.astype(np.float64)
     upd = np.stack([(w * y).sum(1), (w * (1 - y)).sum(1), (w * g_conf).sum(1), (w * (1 - g_conf)).sum(1),
                     (w * g_rate).sum(1), (w * (1 - g_rate)).sum(1)], 1)
-    np.add.at(m.seq_stats[:, :STATE], rows, upd)
+    np.add.at(m.seq_stats[:, :CAT], rows, upd)
     m._shift_cache.clear()
     posj = np.broadcast_to(m._pos(J)[None, :], (B, J))
-    np.add.at(m.state_counts, (np.broadcast_to(state[:, None], (B, J))[counted], posj[counted]),
+    np.add.at(m.state_counts, (np.broadcast_to(cat[:, None], (B, J))[counted], posj[counted]),
               np.stack([np.ones(int(counted.sum())), y[counted]], axis=1))
-    m.seq_stats[rows, STATE] = np.where(d > 0, np.where(a == d, 1, 2), state)
     first = d > 0  # position 1 verified: always a conditional observation
     np.add.at(m.cat_stats, cat[first], np.stack([np.ones(int(first.sum())), y[first, 0], first_base[first]], 1))
     m.seq_stats[rows, CAT] = [last_category(int(dd), int(aa)) if dd > 0 else c for dd, aa, c in zip(d, a, cat)]
@@ -279,11 +277,12 @@ def test_a_sequence_without_a_streak_plans_with_the_population_rate():
     # not a rate of its own that only drafting in state 0 would ever correct (a trap)
     from adaptive.acceptance import AcceptanceModel
     m = AcceptanceModel()
-    m.state_rates[:] = [[0.2] * m.state_rates.shape[1], [0.9] * m.state_rates.shape[1], [0.6] * m.state_rates.shape[1]]
+    m.state_rates[:] = np.linspace(0.2, 0.9, len(m.state_rates))[:, None]
     m.state_n[:] = 100.0
     m.global_rates[:] = 0.7
     r, n = m.base_rates(4)
-    assert np.allclose(r[0], 0.7) and np.allclose(r[1:, 0], [0.9, 0.6]) and np.allclose(n[0], 300.0)
+    assert np.allclose(r[0], 0.7) and np.allclose(r[1:, 0], m.state_rates[1:, 0])
+    assert np.allclose(n[0], 100.0 * len(m.state_rates))
     unknown = m.prior_conf(np.array([12345]), 4)[0]
     assert unknown[0] > 0.7 and np.allclose(unknown[1:], 0.7)  # position 1 carries the optimism bonus
 
@@ -317,3 +316,35 @@ def test_position_one_learns_what_the_last_step_says():
         assert abs(gap_on) < 0.06, (r, on[r])
     assert off[True][0] / off[True][1] - 1 > 0.2  # after a rejection: over-predicted without the layer
     assert off[False][0] / off[False][1] - 1 < -0.2
+
+
+def test_planning_rates_tell_a_short_full_acceptance_from_a_long_one():
+    """Synthetic truth: position 1 is accepted 0.9 of the time after a fully accepted step of 8
+    and 0.6 after one of 1. A warm-up of 8-deep steps teaches the first; then 1-deep steps arrive
+    and, well before the next fit, the planning prior after a full acceptance of 1 is ~0.6 while
+    after one of 8 it stays ~0.9 (one "all accepted" state pooled them at the warm-up's rate)."""
+    rng = np.random.default_rng(3)
+    m = AcceptanceModel()
+    top1, ent = np.full((32, 8), 0.7), np.ones((32, 8))
+
+    def step(ids: np.ndarray, depth: int) -> None:
+        prev = m.seq_stats[m._rows(ids), CAT] if len(m._seq_row) else np.zeros(len(ids))
+        p1 = np.where(prev == last_category(8, 8), 0.9, np.where(prev == last_category(1, 1), 0.6, 0.75))
+        ok = rng.random((len(ids), depth)) < np.column_stack([p1] + [np.full(len(ids), 0.8)] * (depth - 1))
+        acc = np.where(ok.all(1), depth, ok.argmin(1))
+        m.observe(ids, top1[:, :depth], ent[:, :depth], np.full(len(ids), depth), acc)
+
+    ids = np.arange(32)
+    for _ in range(300):
+        step(ids, 8)
+    m.fit()
+    fit_at = m.since_fit
+    for _ in range(60):
+        step(ids, 1)
+    assert m.since_fit > fit_at and m.state_n.sum() > 0  # no fit since: the refreshes did it
+    rates = m.base_rates(8)[0]
+    assert abs(rates[last_category(1, 1), 0] - 0.6) < 0.06, rates[:, 0]
+    assert abs(rates[last_category(8, 8), 0] - 0.9) < 0.06, rates[:, 0]
+    prior = m.prior_conf(ids, 8)[:, 0]
+    after_one = m.seq_stats[m._rows(ids), CAT] == last_category(1, 1)
+    assert after_one.any() and prior[after_one].mean() < 0.7
