@@ -59,7 +59,6 @@ ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is lar
 ASK_SPEND = 0.003  # such steps spaced to cost about this share of throughput
 ASK_RATE = 0.05  # the running means' weight on a new step that asked, after the first 20
 ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting past the first position
-ASK_Z = 2.0  # ... and it stops while the measured value is below zero by this many standard errors
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
 PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`), a spacing that doubles
 PROBE_MAX = 256  # with each probe, up to this
@@ -80,7 +79,7 @@ class _Gate:
     probe_wait: int = 0  # drafting plans since the last weighing
     probe_every: int = PROBE_EVERY  # plans between weighings: doubles with each probe, up to PROBE_MAX
     ask_gain: float = 0.0  # the measured gain of asking (see `DSpark.observe`)...
-    ask_value: float = 0.0  # ...and its upper end, ASK_Z standard errors above
+    ask_se: float = 0.0  # ...and its standard error
     ask_n: int = 0  # steps that asked
     skipped: int = 0  # drafting steps since the last that asked
     # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
@@ -292,11 +291,13 @@ class DSpark(DepthPolicy):
         the same step stopped after its first pass (the tokens its first positions give, over the
         first pass and a target pass scaled to the fewer step tokens by the cost model; see
         `_ask_parts`), over those steps (running means, memory ~1 / `ASK_RATE` asked steps). Once
-        `ASK_EVIDENCE` have asked, while it measures a loss clear of its noise (by `ASK_Z`
-        standard errors of the steps' own gains), plans stop at one position, and now and then a
-        step asks anyway, so the estimate follows a change: one drafting step in `ASK_PROBE`, or
-        fewer where the measured loss is large (each such step costs about that loss: spaced to
-        spend ~`ASK_SPEND` of throughput, at most one in `ASK_PROBE_MAX`). At batch 16 on the
+        `ASK_EVIDENCE` have asked, while it measures a loss, plans stop at one position on most
+        steps, and a step asks now and then, so the estimate follows a change (`_ask_spacing`):
+        one in 1 / P, P the chance that asking gains after all (from the measure and its standard
+        error over the steps' own gains), so a loss within its noise still asks often and a clear
+        one rarely; but no rarer than one drafting step in `ASK_PROBE`, or fewer where the
+        measured loss is large (each such step costs about that loss: spaced to spend
+        ~`ASK_SPEND` of throughput, at most one in `ASK_PROBE_MAX`). At batch 16 on the
         bundled pair an asked step lost ~20%: 1 in 16 cost ~1.3% of throughput; at batch 1 the
         loss was ~3% and the rare streaks that revert it need the probes. The measure is kept per
         batch-size bucket (`_Gate`). The priors the plan rests on say how deep drafting pays on
@@ -321,14 +322,28 @@ class DSpark(DepthPolicy):
         concurrency 1 on the committed CPU profile: 192 tok/s against 200 for always asking; a
         live run at batch 1, 0.94x static k = 2); with ~33 steps' memory and a 3% margin, batch
         16 took most of a run to stop (0.96x static k = 2). The standard error tells the two
-        apart."""
-        if self.weigh_asks and gate.ask_n >= ASK_EVIDENCE and gate.ask_value < 0.0:
+        apart. It first did so as a threshold (stop while the measure was two standard errors
+        below zero, else ask every step); a measure near zero (at batch 4, -3% with a standard
+        error of 1.2%) then crossed it back and forth, and each spell above it asked every step at
+        a 3% loss. Spacing the asks by the chance of a gain has no such edge: on synthetic
+        heavy-tailed gains (one step in 25 gaining 2.9x) it asks 68% of steps and loses 1.1%
+        against always asking; with one in 50 it gains 1.6%."""
+        if self.weigh_asks and gate.ask_n >= ASK_EVIDENCE and gate.ask_gain < 0.0:
             gate.skipped += 1
-            # an asked step costs about the measured loss: spaced so that they spend ~ASK_SPEND
-            if gate.skipped < min(max(-gate.ask_gain / ASK_SPEND, ASK_PROBE), ASK_PROBE_MAX):
+            if gate.skipped < self._ask_spacing(gate):
                 return False
         gate.skipped, self._asking_now, self._asking_gate = 0, step, gate
         return True
+
+    @staticmethod
+    def _ask_spacing(gate: _Gate) -> float:
+        """Drafting steps per asked step while asking measures a loss (`_asking`): one in 1 / P,
+        P the chance that asking gains after all (the measure's normal approximation, its mean
+        and standard error), but no rarer than a step that costs about the measured loss spent
+        ~`ASK_SPEND` of throughput (16 to 64 steps)."""
+        spaced = min(max(-gate.ask_gain / ASK_SPEND, ASK_PROBE), ASK_PROBE_MAX)
+        chance = 0.5 * math.erfc(-gate.ask_gain / (gate.ask_se * math.sqrt(2.0))) if gate.ask_se > 0 else 0.0
+        return min(1.0 / chance, spaced) if chance > 0 else spaced
 
     def observe(self, out: StepOutcome) -> None:
         if out.verify_time_s > 0.0:
@@ -347,9 +362,7 @@ class DSpark(DepthPolicy):
         e_run, t_run, e_one, t_one, g1, g2 = gate.ask_means
         n_eff = min(gate.ask_n, 2.0 / ASK_RATE - 1.0)  # an exponential window's effective count
         se = math.sqrt(max(g2 - g1 * g1, 0.0) / n_eff)
-        gate.ask_gain = (e_run / t_run) / (e_one / t_one) - 1.0
-        # the upper end of the measure: below zero only where the loss is clear of the noise
-        gate.ask_value = gate.ask_gain + ASK_Z * se
+        gate.ask_gain, gate.ask_se = (e_run / t_run) / (e_one / t_one) - 1.0, se
 
     def _ask_parts(self, out: StepOutcome) -> np.ndarray | None:
         """A step that asked: (4,) its tokens and seconds as run, and the tokens and seconds of the
