@@ -222,11 +222,13 @@ class AcceptanceModel:
         refreshed and the rate still the prior's 0.5 until the first fit, a replay at
         concurrency 1 stopped drafting for good after 64 observations)."""
         cfg = self.config
-        rate = cfg.prior_rate
-        n, acc = self.cells[:, :, 0].sum(1), self.cells[:, :, 1].sum(1)  # (P,)
-        for p in range(cfg.max_positions):
-            self.global_rates[p] = rate = (acc[p] + cfg.rate_strength * rate) / (n[p] + cfg.rate_strength)
+        k, rate, rates = cfg.rate_strength, cfg.prior_rate, []
         sn, sa = self.state_counts[..., 0], self.state_counts[..., 1]  # (S, P)
+        # every counted observation is in one state: these are the cells' totals per position
+        for n, acc in zip(sn.sum(0).tolist(), sa.sum(0).tolist()):
+            rate = (acc + k * rate) / (n + k)
+            rates.append(rate)
+        self.global_rates[:] = rates
         self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
         self.state_n = sn.copy()
         self._plan_logit.clear()
@@ -471,10 +473,11 @@ class AcceptanceModel:
         self.weights[:] = state["weights"]
         self.global_rates[:] = state["global_rates"]
         if "state_counts" in state and np.shape(state["state_counts"]) == self.state_counts.shape:
-            # (a state from before the planning states were the categories has 3: it is left out)
             self.state_counts[:] = state["state_counts"]
             self.state_rates[:] = state["state_rates"]
             self.state_n[:] = state["state_n"]
+        else:  # from before the planning states were the categories: its counts go to state 0
+            self._pool_counts(state)
         if "cat_stats" in state:
             self.cat_stats[:] = state["cat_stats"]
         if "cat_shift" in state:
@@ -500,12 +503,21 @@ class AcceptanceModel:
         self.cells += other["cells"]
         if "state_counts" in other and np.shape(other["state_counts"]) == self.state_counts.shape:
             self.state_counts += other["state_counts"]
+        else:
+            self._pool_counts(other)
         if "cat_stats" in other:
             self.cat_stats += other["cat_stats"]
         self._add_seqs(other)
         self.metrics += other["metrics"]
         self.brier_sum += other["brier_sum"]
         self.fit()
+
+    def _pool_counts(self, state: dict[str, Any]) -> None:
+        """Add a state's per-position counts (its cells' totals) to planning state 0, for a state
+        without per-category counts: the global rates are the states' totals (`_refresh_states`)."""
+        cells = np.asarray(state["cells"])
+        self.state_counts[0, :, 0] += cells[:, :, 0].sum(1)
+        self.state_counts[0, :, 1] += cells[:, :, 1].sum(1)
 
     def _check(self, state: dict[str, Any]) -> None:
         if np.shape(state["cells"]) != self.cells.shape or np.shape(state["metrics"]) != self.metrics.shape:
