@@ -348,3 +348,19 @@ def test_planning_rates_tell_a_short_full_acceptance_from_a_long_one():
     prior = m.prior_conf(ids, 8)[:, 0]
     after_one = m.seq_stats[m._rows(ids), CAT] == last_category(1, 1)
     assert after_one.any() and prior[after_one].mean() < 0.7
+
+
+def test_a_state_without_per_category_counts_still_gives_the_global_rates() -> None:
+    """An older state (three planning states) loads: its counts pool into state 0, so the global
+    rates, which the planning states' totals give, still describe all of its data."""
+    rng = np.random.default_rng(5)
+    m = AcceptanceModel()
+    feed(m, rng, 80)
+    m.fit()
+    st = m.state_dict()
+    st["state_counts"] = np.zeros((3, *st["state_counts"].shape[1:]))
+    old = AcceptanceModel()
+    old.load_state_dict(st)
+    old.fit()
+    np.testing.assert_allclose(old.global_rates, m.global_rates, rtol=1e-12)
+    np.testing.assert_allclose(old.state_counts.sum(0), m.state_counts.sum(0), rtol=1e-12)
