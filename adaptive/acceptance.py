@@ -208,6 +208,10 @@ class AcceptanceModel:
         self.cat_shift = np.where(n > 0, _logit((acc + k * g) / (n + k)) - _logit(g), 0.0)
         self.since_cat = 0
         self._shift_cache.clear()
+
+    def _refresh(self) -> None:
+        """Every `cat_refresh` counted observations, and at a fit: the category shifts and the rates."""
+        self._refresh_cats()
         self._refresh_states()
 
     def _refresh_states(self) -> None:
@@ -363,7 +367,7 @@ class AcceptanceModel:
         self.since_fit += counted
         self.since_cat += counted
         if self.since_cat >= self.config.cat_refresh:
-            self._refresh_cats()
+            self._refresh()
         if self.since_fit >= max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4):
             self.fit()  # every refit_every observations at first, then every quarter of the data seen
 
@@ -412,7 +416,7 @@ class AcceptanceModel:
         n_cat = self.cat_stats[:, 0]  # (C,)
         over_cat = n_cat > cfg.window
         self.cat_stats[over_cat] *= (cfg.window / n_cat[over_cat])[:, None]
-        self._refresh_cats()  # (and the rates: `_refresh_states`)
+        self._refresh()
         prior = IDENTITY
         for p in range(cfg.max_positions):
             self.weights[p] = prior = self._fit_position(self.cells[p], prior, self.weights[p])

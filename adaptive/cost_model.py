@@ -557,7 +557,7 @@ class ProfiledCost(CostModel):
         if self._dirty:
             self._refresh()
         shift = batch_size > 0 and self.base_decode is not None
-        o = self._offset_f if shift else self._target_f
+        o = self._offset_f if shift else self._target_f  # the offset's row (unread without the shift)
         return by_n_kernel(int(size), self._target_f.x_ext, self._target_f.row(float(context_tokens)), shift,
                            float(min(batch_size, self.batch_grid[-1])), o.x_ext, o.row(float(context_tokens)),
                            math.exp(self.speed_logcorr), self.step_overhead_s)

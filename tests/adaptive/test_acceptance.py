@@ -204,7 +204,7 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     m.since_fit += int(counted.sum())
     m.since_cat += int(counted.sum())
     if m.since_cat >= m.config.cat_refresh:
-        m._refresh_cats()
+        m._refresh()
     if m.since_fit >= max(m.config.refit_every, m.state_n.sum(0).max(initial=0) / 4):
         m.fit()
 
