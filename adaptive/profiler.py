@@ -8,7 +8,15 @@ never filled: attention cost depends on lengths, not values. A draft pass is `ba
 one token. Each point is the median of `repeats` timed forwards, each after a warm-up forward;
 the grid is timed in `repeats` passes, every pass in a fresh shuffled order, so a slow spell of a
 shared machine spreads over many points instead of landing on all the repeats of a few (timed
-point by point, a 3-repeat CPU profile had T(2) < T(1) and a flat T from 4 to 8 tokens).
+point by point, a 3-repeat CPU profile had T(2) < T(1) and a flat T from 4 to 8 tokens). Cheap
+points get more passes, up to `max_repeats`, as many as fit in `point_budget_s` of timed forwards
+each: the depth choices at small batches rest on the differences between neighbouring small
+cells, a few percent of a pass. With 5 repeats a CPU profile of the bundled pair put 3 step tokens
+at batch 1 15% over 2 (4.13 against 3.58 ms), where 15 forwards measured 2% (2.48 against 2.43),
+and live steps 2% (2.52 against 2.47); the online correction never fixed that cell, because the
+price kept dspark from the 2-deep steps that would have shown it, while static k = 2 ran 2-3%
+faster than k = 1 there. The extra passes cost at most `point_budget_s` a point (a profile of the
+default grid: ~30 s more on this CPU, nothing on a GPU, whose points are all cheap).
 """
 
 from __future__ import annotations
@@ -77,7 +85,8 @@ def time_forward(model: Transformer, n_tokens: int, context_tokens: int, tokens_
 def profile(target: Transformer, draft: Transformer, device: torch.device | str | None = None,
             token_grid: Sequence[int] = TOKEN_GRID, ctx_grid: Sequence[int] = CTX_GRID,
             draft_batch_grid: Sequence[int] = DRAFT_BATCH_GRID, repeats: int = 5,
-            tokens_per_seq: int = 4, quick: bool = False, progress: bool = False) -> ProfiledCost:
+            tokens_per_seq: int = 4, quick: bool = False, progress: bool = False, max_repeats: int = 25,
+            point_budget_s: float = 0.1) -> ProfiledCost:
     """Time the pair on a grid and return the (monotone) table as a `ProfiledCost`.
 
     Args:
@@ -86,9 +95,11 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
         token_grid: step tokens N to time the target at.
         ctx_grid: total context tokens to time both at.
         draft_batch_grid: draft batch sizes.
-        repeats: timed runs per point (median).
+        repeats: timed runs per point (median), at least.
+        max_repeats: at most, for points cheap enough that `point_budget_s` holds more (module doc).
+        point_budget_s: seconds of timed forwards a point may take beyond its `repeats`.
         tokens_per_seq: new tokens per sequence in a target pass (a verify length + 1).
-        quick: a tiny grid with 2 repeats (tests, smoke runs); overrides the grids and repeats.
+        quick: a tiny grid with 2 repeats (tests, smoke runs); overrides the grids and both repeats.
         progress: a progress bar on stderr.
     Returns:
         ProfiledCost whose `meta` records the device, dtype, sizes and grid settings.
@@ -98,27 +109,37 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
     if quick:
         token_grid, ctx_grid = QUICK["token_grid"], QUICK["ctx_grid"]
         draft_batch_grid, repeats = QUICK["draft_batch_grid"], QUICK["repeats"]
+        max_repeats = repeats
     device = torch.device(device) if device is not None else target.device
     if target.device != device or draft.device != device:
         raise ValueError(f"models are on {target.device} / {draft.device}, not {device}")
     if repeats < 1 or tokens_per_seq < 1 or min(token_grid) < 1 or min(draft_batch_grid) < 1:
         raise ValueError("repeats, tokens_per_seq and grid sizes must be >= 1")
+    max_repeats = max(max_repeats, repeats)
     points = [("target", n, c) for c in ctx_grid for n in token_grid] + \
         [(kind, b, c) for kind in ("draft", "decode") for c in ctx_grid for b in draft_batch_grid]
     samples: dict[tuple[str, int, int], list[float]] = {p: [] for p in points}
+    want = dict.fromkeys(points, repeats)  # passes each point takes: more for cheap ones, after the first
     order = random.Random(0)
-    for _ in tqdm(range(repeats), desc="profiling (passes over the grid)", unit="pass", disable=not progress):
-        order.shuffle(points)
-        for kind, n, c in points:
+    for i in tqdm(range(max_repeats), desc="profiling (passes over the grid)", unit="pass", disable=not progress):
+        todo = [p for p in points if want[p] > i]
+        if not todo:
+            break
+        order.shuffle(todo)
+        for kind, n, c in todo:
             model, per_seq = {"target": (target, tokens_per_seq), "draft": (draft, 1), "decode": (target, 1)}[kind]
             samples[kind, n, c].append(time_forward(model, n, c, per_seq, 1))
+        if i == 0:
+            for p in points:
+                want[p] = min(max_repeats, max(repeats, repeats + int(point_budget_s / max(samples[p][0], 1e-9))))
     target_s = np.array([[np.median(samples["target", n, c]) for n in token_grid] for c in ctx_grid])  # (Nc, Nt)
     draft_s, decode_s = (np.array([[np.median(samples[kind, b, c]) for b in draft_batch_grid] for c in ctx_grid])
                          for kind in ("draft", "decode"))  # (Nc, Nb) each
     meta = {"device": str(device), "device_name": _device_name(device),
             "dtype": str(target.embed.weight.dtype).removeprefix("torch."),
             "target_params": target.num_params(), "draft_params": draft.num_params(),
-            "repeats": repeats, "tokens_per_seq": tokens_per_seq, "torch": torch.__version__,
+            "repeats": repeats, "max_repeats": max_repeats, "point_budget_s": point_budget_s,
+            "tokens_per_seq": tokens_per_seq, "torch": torch.__version__,
             "raw_target_s": target_s.tolist(), "raw_draft_s": draft_s.tolist(), "raw_decode_s": decode_s.tolist()}
     # ProfiledCost makes the tables monotone; the raw medians stay in meta for inspection.
     return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, decode_s=decode_s, meta=meta)

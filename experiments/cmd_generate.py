@@ -68,7 +68,8 @@ def build_cost(spec: str, pair, device: str):
     from adaptive.cost_model import load_cost
     from adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-    key = f"profile-v4-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"  # v4: with the decode shape
+    # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py)
+    key = f"profile-v5-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
     path = cache / key
     if path.exists():
         return load_cost(path)
