@@ -124,7 +124,13 @@ class Controller:
         return self._verify_s[1] if self._verify_s[0] == step else 0.0
 
     def keep_fn(self, step: int, seq_ids: np.ndarray, budgets: np.ndarray):
+        """The callback asked after each draft pass (None: every sequence drafts to its budget),
+        made once a step, after `plan`. `policy.drafts_dynamically(step)` False makes none that
+        step (a fault counts and makes one)."""
         if not self.policy.overrides("keep_drafting"):
+            return None
+        dynamic, fine = self._call("drafts_dynamically", self.policy.drafts_dynamically, step)
+        if fine and not dynamic:
             return None
 
         def keep(j: int, top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@ A step, from a policy's point of view (DESIGN.md "Architecture"):
 
 1. `plan(PlanContext) -> (B,) int` draft budgets L_r, before anything is drafted.
 2. `keep_drafting(DraftContext) -> (B,) bool` after each draft pass j: continue to j + 1?
-   (optional; default: draft the whole budget).
+   (optional; default: draft the whole budget). `drafts_dynamically(step)`, asked right after
+   `plan` (optional; default True): False skips `keep_drafting` that step, drafting the budgets.
 3. `verify(VerifyContext) -> (B,) int` verify lengths d_r <= drafted_r (optional; default: verify
    everything drafted). The controller asks it *causally*: once per position j = 1..J with the
    confidences of positions 1..j only, and keeps position j of sequence r iff the answer is >= j
@@ -149,6 +150,11 @@ class DepthPolicy:
     def verifies(self, step: int) -> bool:
         """Whether the controller asks `verify` this step (asked right after `plan`): False
         verifies every drafted token, as a policy without `verify` does (lossless either way)."""
+        return True
+
+    def drafts_dynamically(self, step: int) -> bool:
+        """Whether the controller asks `keep_drafting` this step (asked right after `plan`): False
+        drafts every sequence to its budget, as a policy without `keep_drafting` does."""
         return True
 
     def observe(self, out: StepOutcome) -> None:

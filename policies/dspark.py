@@ -15,16 +15,17 @@ Each step (DESIGN.md "Allocation"):
   tau / (draft time + target time) once its cost is paid; otherwise drafting stops. With it, the
   plan's budget is a ceiling (K for every sequence the plan would draft for at all), and deep
   drafts are paid only where the confidences say they will likely be verified. Drafting goes on
-  past the first position this way only while doing so has measured a gain over stopping at the
-  first (`_asking`); otherwise plans stop at one position.
+  this way only while doing so has measured a gain over drafting the plan's own budgets
+  (`_asking`); otherwise each sequence drafts its plan budget and `keep_drafting` is not asked
+  (`drafts_dynamically`).
 - verify: the drafted positions' calibrated confidences give survivals s_{r,j} (running products),
   and the same early-stop allocation picks d_r. The draft passes already run are part of the
   step's time whatever is verified (`extra`): sunk, but still in Theta's denominator. Leaving
   them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
   that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
   own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
-  on confidences only, never on a drafted token. On a step drafting one position, `verify` is
-  not asked at all (`verifies`) while asking it has cost more than it saved (`_verifying`).
+  on confidences only, never on a drafted token. On a step drafting the plan's budgets, `verify`
+  is not asked at all (`verifies`) while asking it has cost more than it saved (`_verifying`).
 
 Both use the context-aware cost (context_tokens = the batch's KV tokens).
 
@@ -62,7 +63,7 @@ ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting past the fi
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
 PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`), a spacing that doubles
 PROBE_MAX = 256  # with each probe, up to this
-VERIFY_EVIDENCE = 8  # 1-deep steps that asked `verify` before their measure may skip it (`_verifying`)...
+VERIFY_EVIDENCE = 8  # steps drafting the plan's budgets that asked `verify` before their measure may skip it...
 VERIFY_RATE = 0.05  # ...its running means' weight on a new such step, after the first 20...
 VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this many
 
@@ -72,7 +73,7 @@ class _Gate:
     """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
     cost model's overhead lines): the worth of asking `keep_drafting` past the first position
     (`DSpark._asking`), the spacing of its probes (`DSpark._probing`) and the worth of asking
-    `verify` on 1-deep steps (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair
+    `verify` on steps drafting the plan's budgets (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair
     and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
     batch that moves would follow the batch instead of the question."""
 
@@ -85,7 +86,7 @@ class _Gate:
     # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
     # relative gain and its square (for the standard error)
     ask_means: np.ndarray = field(default_factory=lambda: np.zeros(6))
-    # `verify` on 1-deep steps (see `DSpark._verifying`): running means of the target time it saved
+    # `verify` on steps drafting the plan's budgets (see `DSpark._verifying`): running means of the target time it saved
     # and of the controller's time asking it, seconds; the steps measured; steps since one asked
     verify_saved: float = 0.0
     verify_cost: float = 0.0
@@ -133,22 +134,24 @@ class DSpark(DepthPolicy):
         streak: weight of the last confidence (vs the prior) in the next position's c-hat.
         lookahead: draft passes `keep_drafting` looks ahead (1: does the next pass pay; h: do
             the next h, for some h <= lookahead). On the replays 8 did no better than 1.
-        weigh_asks: with `dynamic`, draft past the first position (asking `keep_drafting`) only
-            while doing so has measured a gain over stopping at the first (see `_asking`).
+        weigh_asks: with `dynamic`, draft dynamically (asking `keep_drafting`) only while doing
+            so has measured a gain over drafting the plan's budgets (see `_asking`).
         probe: now and then draft nothing where drafting is predicted to gain little, so the
             cost model sees the step it would otherwise never take (see `_probing`).
-        weigh_verify: skip `verify` on 1-deep steps while asking it costs more time than it has
-            saved (see `_verifying`).
+        weigh_verify: skip `verify` on steps drafting the plan's budgets while asking it costs
+            more time than it has saved (see `_verifying`).
+        follow_plan: where drafting dynamically has not paid, draft the plan's budgets (False:
+            stop at one position: the earlier rule, an ablation).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
-                                           "probe": True, "weigh_verify": True}
+                                           "probe": True, "weigh_verify": True, "follow_plan": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
-                 probe: bool = True, weigh_verify: bool = True) -> None:
+                 probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -162,7 +165,10 @@ class DSpark(DepthPolicy):
         self.weigh_asks = bool(weigh_asks)
         self.probe = bool(probe)
         self.weigh_verify = bool(weigh_verify)
+        self.follow_plan = bool(follow_plan)
         self._skip_verify = -1  # the step whose `verify` is not worth asking (see `_verifying`)
+        self._fixed_step = -1  # the step drafted to the plan's budgets, `keep_drafting` not asked
+        self._fixed_budgets: np.ndarray | None = None  # (B,) what the asking step would draft without asking
         self._gates: dict[int, _Gate] = {}  # batch-size bucket (B.bit_length()) -> its measures
         self._asking_now = -1  # the step asking `keep_drafting` now (-1: none)...
         self._asking_gate = _Gate()  # ...and its bucket's measures
@@ -194,14 +200,17 @@ class DSpark(DepthPolicy):
             gate = self._gates[B.bit_length()] = _Gate()
         if deepest > 0 and self.probe and ctx.cost_learns and self._probing(gate, ctx, budgets, int(deepest), prices):
             budgets[:], deepest = 0, 0
-        if self.dynamic and deepest > 0:
-            if self._asking(gate, ctx.step):
-                budgets[budgets > 0], deepest = K, K
-            else:
+        if self.dynamic and deepest > 0 and self._asking(gate, ctx.step):
+            # what the step would draft with `keep_drafting` not asked: the measure's other arm
+            self._fixed_budgets = budgets.copy() if self.follow_plan else np.minimum(budgets, 1)
+            budgets[budgets > 0], deepest = K, K
+        elif deepest > 0:  # drafted to the budgets, `keep_drafting` not asked
+            if self.dynamic and not self.follow_plan:
                 np.minimum(budgets, 1, out=budgets)
                 deepest = 1
-        if deepest == 1 and self.weigh_verify and ctx.cost_learns and not self._verifying(gate):
-            self._skip_verify = ctx.step
+            self._fixed_step = ctx.step
+            if self.weigh_verify and ctx.cost_learns and not self._verifying(gate):
+                self._skip_verify = ctx.step
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
         return budgets
@@ -235,14 +244,14 @@ class DSpark(DepthPolicy):
         return True
 
     def _verifying(self, gate: _Gate) -> bool:
-        """Whether a step drafting one position asks `verify` (else every drafted token is verified).
+        """Whether a step drafting the plan's budgets asks `verify` (else every drafted token is verified).
 
         Asking is a causal call into the controller after drafting, run with the caches cold from
         the draft pass before it: ~80 us a step on the bundled CPU pair at batch 4, ~1% of a step
         there, where static k = 1 asks nothing. What it can save is the target time of the drafted
-        positions it leaves unverified, which on a 1-deep step is little: a position is left out
-        only where its confidence is too low to pay even the marginal token. Both are measured on
-        the 1-deep steps that asked (the target time saved priced by the cost model, the asking
+        positions it leaves unverified, which on a step the plan priced is little: a position is
+        left out only where its confidence turned out too low to pay its token. Both are measured
+        on such steps that asked (the target time saved priced by the cost model, the asking
         timed by the controller; running means, ~20 steps' memory, per batch-size bucket), and
         after `VERIFY_EVIDENCE` such steps `verify` is skipped while it has cost more than it saved;
         one step in `VERIFY_PROBE` asks anyway, so the measure follows a change. Only where the
@@ -259,11 +268,14 @@ class DSpark(DepthPolicy):
     def verifies(self, step: int) -> bool:
         return step != self._skip_verify
 
+    def drafts_dynamically(self, step: int) -> bool:
+        return step != self._fixed_step
+
     def _weigh_verify(self, out: StepOutcome) -> None:
-        """A 1-deep step that asked `verify`: the target time it saved and the time asking took."""
+        """A step drafting the plan's budgets that asked `verify`: the target time it saved and the time asking took."""
         p, B = self._prices, len(out.seq_ids)
         gate = self._gates.get(B.bit_length())
-        if p is None or gate is None or p.key[0] != out.step or int(out.drafted.max(initial=0)) != 1:
+        if p is None or gate is None or p.key[0] != out.step or out.step != self._fixed_step:
             return
         t = p.target_at(np.array([B + int(out.drafted.sum()), B + int(out.verified.sum())]))  # (2,) all, as verified
         gate.verify_n += 1
@@ -283,15 +295,16 @@ class DSpark(DepthPolicy):
         return tau / t_plan < (1.0 + PROBE_GAIN) * B / float(prices.target[B])
 
     def _asking(self, gate: _Gate, step: int) -> bool:
-        """Whether this step drafts on dynamically past its first position, asking `keep_drafting`
-        after every pass (else the plan stops at one position, and nothing is asked).
+        """Whether this step drafts dynamically, asking `keep_drafting` after every pass (else each
+        sequence drafts its plan budget, and nothing is asked: `drafts_dynamically`).
 
         Its worth is measured rather than predicted: on each step that asked, the step's
         throughput as run (its emitted tokens over its draft passes, target pass and asks) against
-        the same step stopped after its first pass (the tokens its first positions give, over the
-        first pass and a target pass scaled to the fewer step tokens by the cost model; see
+        the same step drafted to the plan's budgets (the tokens those positions give, known where
+        the run saw a rejection within them or verified as far, else expected at the priors; over
+        the passes and a target pass scaled to the step tokens by the cost model; see
         `_ask_parts`), over those steps (running means, memory ~1 / `ASK_RATE` asked steps). Once
-        `ASK_EVIDENCE` have asked, while it measures a loss, plans stop at one position on most
+        `ASK_EVIDENCE` have asked, while it measures a loss, plans draft their budgets on most
         steps, and a step asks now and then, so the estimate follows a change (`_ask_spacing`):
         one in 1 / P, P the chance that asking gains after all (from the measure and its standard
         error over the steps' own gains), so a loss within its noise still asks often and a clear
@@ -301,8 +314,14 @@ class DSpark(DepthPolicy):
         bundled pair an asked step lost ~20%: 1 in 16 cost ~1.3% of throughput; at batch 1 the
         loss was ~3% and the rare streaks that revert it need the probes. The measure is kept per
         batch-size bucket (`_Gate`). The priors the plan rests on say how deep drafting pays on
-        average; the measure says whether the drafts past the first, as `keep_drafting` chose
-        them, paid here.
+        average; the measure says whether the drafts `keep_drafting` chose beyond or short of
+        them paid here.
+
+        The other arm was one position (`follow_plan` False) until the plan's prices were right at
+        small batches: at batch 1 on the bundled pair static k = 2 ran 2-3% faster than k = 1 in
+        four live runs, while dspark, stopped at one position, ran k = 1's steps; drafting the
+        plan's budgets (2 deep on ~40% of steps there, once the profile priced 3 step tokens
+        right) gained 2.7% (live A/B, 3 rounds), with batches 4 to 64 unchanged.
 
         Both costs of going on are in the measure. Each ask is a call into the controller between
         two draft passes: small next to a GPU step, but on the bundled CPU pair it runs with the
@@ -366,32 +385,48 @@ class DSpark(DepthPolicy):
 
     def _ask_parts(self, out: StepOutcome) -> np.ndarray | None:
         """A step that asked: (4,) its tokens and seconds as run, and the tokens and seconds of the
-        same step stopped after its first pass (None: nothing to compare); measured where the
-        controller learns its cost model from measured steps, modelled otherwise. Greedy or
-        sampled, a position's acceptance does not depend on how deep the draft went on, so
-        min(accepted, 1) is what the first positions gave. The running means of the four give the
-        measure as a ratio of throughputs over the steps, not a mean of per-step ratios: a wasted
-        deep draft halves its own step's rate, a paying one raises its step's by as much, and only
-        their tokens and seconds add up."""
-        passes = int(out.drafted.max(initial=0))
-        p = self._prices
-        if passes == 0 or p is None or p.key[0] != out.step or out.target_time_s <= 0:
-            return None
+        same step drafted to the budgets it would have had without asking (the plan's, or one
+        position without `follow_plan`; None: nothing to compare); measured where the controller
+        learns its cost model from measured steps, modelled otherwise. Greedy or sampled, a
+        position's acceptance does not depend on how deep the draft went on, so where the run saw
+        a rejection within those budgets, or verified past them, the tokens they give are known
+        (`_fixed_tokens`). The running means of the four give the measure as a ratio of
+        throughputs over the steps, not a mean of per-step ratios: a wasted deep draft halves its
+        own step's rate, a paying one raises its step's by as much, and only their tokens and
+        seconds add up."""
+        passes, fixed, pc, p = int(out.drafted.max(initial=0)), self._fixed_budgets, self._plan_ctx, self._prices
         B = len(out.seq_ids)
-        n_run, n_one = B + int(out.verified.sum()), B + int(np.minimum(out.verified, 1).sum())
-        e_run, e_one = float(out.accepted.sum()) + B, float(np.minimum(out.accepted, 1).sum()) + B
+        if passes == 0 or p is None or p.key[0] != out.step or out.target_time_s <= 0 or fixed is None \
+                or len(fixed) != B or pc is None or pc.step != out.step:
+            return None
+        n_run, n_fix = B + int(out.verified.sum()), B + int(fixed.sum())
+        e_run, e_fix = float(out.accepted.sum()) + B, self._fixed_tokens(out, fixed, pc.prior_conf) + B
+        p_fix = int(fixed.max(initial=0))
         if not self._cost_learns:  # the controller trusts the cost model as given (a replay, a fixed
             # cost): its times, not the clock's, so a live run decides as its replay does
-            t_run, t_one = p.target_at(np.array([n_run, n_one])) + np.array([passes, 1]) * p.draft_all
-            return np.array([e_run, t_run, e_one, t_one])
+            t_run, t_fix = p.target_at(np.array([n_run, n_fix])) + np.array([passes, p_fix]) * p.draft_all
+            return np.array([e_run, t_run, e_fix, t_fix])
         first = out.first_pass_s if out.first_pass_s > 0 else out.draft_time_s / passes
+        later = (out.draft_time_s - first) / (passes - 1) if passes > 1 else first  # a pass after the first
         # the time outside the passes, as the cost model has learned it: every step's part (left
         # out, it would make the shorter step look better than it is) and each pass's
         step_s, pass_s = getattr(p.cost, "step_overhead_s", 0.0), getattr(p.cost, "pass_overhead_s", 0.0)
-        t_pass = p.target_at(np.array([n_one, n_run])) - step_s  # (2,) the target pass alone, predicted
+        t_pass = p.target_at(np.array([n_fix, n_run])) - step_s  # (2,) the target pass alone, predicted
         t_run = out.draft_time_s + out.target_time_s + out.keep_time_s + passes * pass_s + step_s
-        t_one = first + out.target_time_s * float(t_pass[0] / t_pass[1]) + pass_s + step_s
-        return np.array([e_run, t_run, e_one, t_one])
+        t_fix = first + (p_fix - 1) * later + out.target_time_s * float(t_pass[0] / t_pass[1]) + p_fix * pass_s + step_s
+        return np.array([e_run, t_run, e_fix, t_fix])
+
+    @staticmethod
+    def _fixed_tokens(out: StepOutcome, fixed: np.ndarray, prior: np.ndarray) -> float:
+        """Accepted draft tokens the step would have given drafting `fixed` (B,) positions, all
+        verified: known where the run saw a rejection or verified as far (min(accepted, fixed));
+        where it stopped earlier with everything accepted, the positions past it are expected at
+        the plan's priors (survival products of `prior`, (B, K))."""
+        v, a = np.asarray(out.verified, np.int64), np.asarray(out.accepted, np.int64)
+        tokens = float(np.minimum(a, fixed).sum())
+        for r in np.flatnonzero((a == v) & (fixed > v)):
+            tokens += float(np.cumprod(unit(np.asarray(prior[r, v[r]:fixed[r]], np.float64))).sum())
+        return tokens
 
     def _prices_for(self, step: int, cost: StepCost, context: int, n: int, max_depth: int) -> _Prices:
         p = self._prices

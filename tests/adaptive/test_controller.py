@@ -62,6 +62,9 @@ class RandomPolicy(DepthPolicy):
     def verifies(self, step):
         return self.rng.random() < 0.7  # else every drafted token is verified
 
+    def drafts_dynamically(self, step):
+        return self.rng.random() < 0.7  # else every sequence drafts its budget, keep_drafting not asked
+
 
 BUILTINS = [name for name, _, _ in list_policies() if name != "oracle"]
 
@@ -104,6 +107,14 @@ class Faulty(DepthPolicy):
         if self.mode == "raise" and step % 5 == 0:
             raise RuntimeError("verifies broke")  # the controller asks `verify` that step
         return True
+
+    def keep_drafting(self, ctx):
+        return np.ones(len(ctx.seq_ids), bool)
+
+    def drafts_dynamically(self, step):
+        if self.mode == "raise" and step % 7 == 0:
+            raise RuntimeError("drafts_dynamically broke")  # the controller asks `keep_drafting` that step
+        return step % 2 == 0
 
 
 @pytest.mark.parametrize("mode", ["raise", "nan", "shape", "negative", "huge", "string"])
@@ -182,6 +193,36 @@ def test_a_step_whose_verify_is_not_worth_asking_verifies_every_drafted_token(pa
     outs, ctl, eng = run(pair, reqs, PeekingPolicy())
     assert [o.output_ids for o in outs] == ref
     assert eng.stats.pos_verified.sum() == 0
+
+
+def test_a_step_not_drafted_dynamically_drafts_every_budget_without_asking(pair, workload):
+    """`drafts_dynamically(step)` False (asked right after `plan`): `keep_drafting` is not called
+    that step and every sequence drafts its budget, as for a policy without `keep_drafting`."""
+    reqs, ref = workload
+    asked, outcomes = [], []
+
+    class Fixed(DepthPolicy):
+        name = "fixed"
+
+        def plan(self, ctx):
+            return np.full(ctx.batch_size, 3)
+
+        def keep_drafting(self, ctx):
+            asked.append(ctx.step)
+            return np.zeros(len(ctx.seq_ids), bool)  # would stop after the first pass
+
+        def drafts_dynamically(self, step):
+            return step % 2 == 0
+
+        def observe(self, out):
+            outcomes.append(out)
+
+    outs, ctl, eng = run(pair, reqs, Fixed())
+    assert [o.output_ids for o in outs] == ref and not ctl.fallbacks
+    assert asked and all(s % 2 == 0 for s in asked)
+    odd = [o for o in outcomes if o.step % 2 and o.drafted.any()]
+    assert odd and any((o.drafted == 3).all() for o in odd) and all((o.drafted <= o.budgets).all() for o in odd)
+    assert all(o.drafted.max() <= 1 for o in outcomes if o.step % 2 == 0)
 
 
 def test_verify_arrays_do_not_carry_later_columns(pair, workload):

@@ -234,7 +234,8 @@ def test_parameters_and_registry() -> None:
     policy = make_policy("dspark:margin=0.05,context_aware=false")
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
-                                 "streak=0.5, lookahead=1, weigh_asks=True, probe=True, weigh_verify=True)")
+                                 "streak=0.5, lookahead=1, weigh_asks=True, probe=True, weigh_verify=True, "
+                                 "follow_plan=True)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
@@ -319,27 +320,52 @@ def test_one_deep_steps_ask_keep_drafting_only_while_asking_pays() -> None:
     assert all(_one_deep_step(trusting, s, 3e-3, 0.99, learns=False) == [8, 8] for s in range(20))
 
 
-def test_a_deeper_plan_stops_at_one_position_while_going_on_measures_a_loss() -> None:
-    """The measure covers every plan that drafts, not only 1-deep ones: plans 2 deep by their
-    priors stop at one position (nothing asked) once going past the first has measured a loss."""
+@pytest.mark.parametrize("follow_plan", [True, False])
+def test_a_deeper_plan_is_drafted_without_asking_while_going_on_measures_a_loss(follow_plan: bool) -> None:
+    """The measure covers every plan that drafts, not only 1-deep ones: once going on dynamically
+    has measured a loss against the step drafted to the budgets it would have had without asking
+    (the plan's; one position with follow_plan=False), plans draft those budgets with
+    `keep_drafting` not asked (`drafts_dynamically` False); a probe now and then asks again."""
     from policies.base import StepOutcome
     cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
-    policy, budgets = DSpark(), []
-    gap = probe_gaps(0.137, 1)[0] + 1  # going on loses 13.7% a step: one in 46 asks
+    planned = int(DSpark(dynamic=False).plan(make_plan_ctx(2, prior_conf=0.8, cost=cost)).max())
+    fixed = planned if follow_plan else 1
+    assert planned == 6
+    # an asked step drafts on 8 deep and only the first positions are accepted: as many tokens as
+    # the fixed step's, in more time
+    t_run = 8 * 5e-4 + float(cost.target_time(2 + 2 * 8))
+    t_fixed = fixed * 5e-4 + float(cost.target_time(2 + 2 * fixed))
+    gap = probe_gaps(1.0 - t_fixed / t_run, 1)[0] + 1  # 10.2% (35 steps) or 35.8% (64 steps)
+    policy, budgets, dynamic = DSpark(follow_plan=follow_plan), [], []
     for step in range(EVIDENCE + gap + 2):
         pctx = replace(make_plan_ctx(2, prior_conf=0.8, cost=cost, step=step), cost_learns=True)
         b = policy.plan(pctx)
         budgets.append(int(b.max()))
-        passes = 3 if b.max() > 1 else 1  # drafted on 3 deep, and only the first positions accepted
+        dynamic.append(policy.drafts_dynamically(step))
+        passes = 8 if dynamic[-1] else int(b.max())
         d, one = np.full(2, passes, np.int64), np.ones(2, np.int64)
         target_s = float(cost.target_time(2 + 2 * passes))
         policy.observe(StepOutcome(step, np.arange(2), b, d, d, one, np.full((2, passes), 0.8),
                                    np.full((2, passes), 0.8), target_s + passes * 5e-4, passes * 5e-4, target_s,
                                    np.full(2, 100), np.zeros(0, np.int64), 0.0, first_pass_s=5e-4))
-    assert DSpark(dynamic=False).plan(make_plan_ctx(2, prior_conf=0.8, cost=cost)).max() > 1
     n = EVIDENCE
-    assert budgets[:n] == [8] * n and budgets[n:n + gap - 1] == [1] * (gap - 1) \
-        and budgets[n + gap - 1] == 8  # stopped at 1; the probe asks
+    assert budgets[:n] == [8] * n and budgets[n:n + gap - 1] == [fixed] * (gap - 1) \
+        and budgets[n + gap - 1] == 8  # the fixed budgets, nothing asked; then the probe asks
+    assert all(dynamic[:n]) and not any(dynamic[n:n + gap - 1]) and dynamic[n + gap - 1]
+
+
+def test_the_measure_compares_with_the_budgets_drafted_without_asking() -> None:
+    """The other arm of the measure is the step drafted to the plan's budgets: tokens known where
+    the run saw a rejection or verified as far, expected at the priors past where it stopped with
+    everything accepted."""
+    from policies.base import StepOutcome
+    out = StepOutcome(0, np.arange(4), np.full(4, 8), np.array([3, 1, 2, 4]), np.array([3, 1, 2, 4]),
+                      np.array([1, 1, 2, 4]), np.zeros((4, 4)), np.zeros((4, 4)), 0.0, 0.0, 0.0, np.full(4, 10))
+    prior = np.full((4, 8), 0.5)
+    fixed = np.array([2, 3, 2, 2])
+    # row 0: rejected at 2 (1 token); row 1: stopped at 1, all accepted, 2 more at 0.5 (0.5 + 0.25);
+    # row 2: 2 accepted as far as the budget; row 3: verified past the budget (2)
+    assert DSpark._fixed_tokens(out, fixed, prior) == pytest.approx(1 + 1.75 + 2 + 2)
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
@@ -391,25 +417,27 @@ def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     from policies.base import StepOutcome
     cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
 
-    def run(streak_every: int, steps: int = 200) -> list[int]:
-        policy, budgets = DSpark(), []
+    def run(streak_every: int, steps: int = 200) -> list[bool]:
+        """Whether each step asked `keep_drafting` (else it stopped at one position: the measure
+        against one position, as follow_plan=False weighs it)."""
+        policy, asked = DSpark(follow_plan=False), []
         for step in range(steps):
             b = policy.plan(replace(make_plan_ctx(2, prior_conf=0.8, cost=cost, step=step), cost_learns=True))
-            budgets.append(int(b.max()))
+            asked.append(policy.drafts_dynamically(step))
             streak = streak_every and step % streak_every == 0
-            passes = (8 if streak else 2) if b.max() > 1 else 1
+            passes = (8 if streak else 2) if asked[-1] else int(b.max())
             d = np.full(2, passes, np.int64)
             a = d if streak else np.ones(2, np.int64)
             target_s = float(cost.target_time(2 + 2 * passes))
             policy.observe(StepOutcome(step, np.arange(2), b, d, d, a, np.full((2, passes), 0.8),
                                        np.full((2, passes), 0.8), target_s + passes * 5e-4, passes * 5e-4, target_s,
                                        np.full(2, 100), np.zeros(0, np.int64), 0.0, first_pass_s=5e-4))
-        return budgets
+        return asked
 
     steady = run(0, 1000)
-    assert steady[:ASK_EVIDENCE] == [8] * ASK_EVIDENCE and steady[ASK_EVIDENCE] == 1
-    assert np.mean(np.array(steady) == 8) < 0.06
-    assert np.mean(np.array(run(25, 1000)) == 8) > 0.6
+    assert all(steady[:ASK_EVIDENCE]) and not steady[ASK_EVIDENCE]
+    assert np.mean(steady) < 0.06
+    assert np.mean(run(25, 1000)) > 0.6
 
 
 def test_a_loss_within_its_noise_spaces_the_asks_by_the_chance_of_a_gain() -> None:
