@@ -24,6 +24,14 @@ the dspark runs, the cost model's prediction error against measured step times d
 runs (and in `--solo` runs of dspark alone, see `solo_runs`), and the controller's own time per
 step. Ratios are measured side by side in this one run; absolute tokens/s move with the machine's
 load.
+
+`bare:k=N` (N = 0: `off`) is a static depth with no controller at all: the engine asks a plain
+function for its budgets, and nothing is calibrated, learned or asked during the step, as a
+serving engine with a fixed `num_speculative_tokens` runs it. Under the controller every policy,
+static ones included, pays for the acceptance model's learning (calibrating the drafted
+positions, observing each step; ~0.2 ms a step at batch 1 here) and for the planning priors,
+which only dspark reads: the `bare` rows show what a static depth costs without them, and the
+ratios against them are printed too.
 """
 
 from __future__ import annotations
@@ -46,8 +54,20 @@ from policies.registry import make_policy
 from workers.bundled import heldout_prompts, load_pair
 from workers.runner import PairRunner
 
-POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "turbospec", "vllm-adaptive", "dspark"]
+POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "turbospec", "vllm-adaptive", "dspark"] \
+    + [f"bare:k={k}" for k in range(3)]
 K = 8
+BARE = "bare:k="  # a static depth served with no controller (module doc)
+
+
+class Fixed:
+    """Budgets for an engine with no controller: `k` for every sequence, every step."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        return np.full(len(seq_ids), self.k, np.int64)
 
 
 def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[AcceptanceModel, CostModel]:
@@ -61,10 +81,17 @@ def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[Acceptance
 
 
 def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceModel, max_len: int,
-                start: Warm | None = None) -> tuple[Engine, Controller]:
+                start: Warm | None = None) -> tuple[Engine, Controller | None]:
     """A fresh engine for `spec` at `batch`, its controller from copies of `cost` and `acc`, or with
     `start`, of a warmed controller's policy, cost model and acceptance model (its step and
-    sequence numbers continued, so the policy's state reads as one run)."""
+    sequence numbers continued, so the policy's state reads as one run). `bare:k=N`: no
+    controller (None)."""
+    if spec.startswith(BARE):
+        eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len),
+                     Fixed(int(spec.removeprefix(BARE))))
+        if start is not None:
+            eng.step_no, eng.seq_no = start.step_no, start.seq_no
+        return eng, None
     policy, cost, acc = (make_policy(spec), cost, acc) if start is None else \
         (start.ctl.policy, start.ctl.cost, start.ctl.acceptance)
     ctl = Controller(copy.deepcopy(policy), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
@@ -78,7 +105,7 @@ def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceMod
 class Warm:
     """A policy's controller after serving the warm-up at one batch size (`warm_at`)."""
 
-    ctl: Controller
+    ctl: Controller | None  # None: a `bare` engine
     step_no: int  # the engine's next step number
     seq_no: int  # and its next sequence number
 
@@ -95,8 +122,9 @@ def warm_at(pair, specs: list[str], prompts: list[list[int]], batch: int, steps:
     are reset: the figures count the measured rounds' prompts only."""
     out = {}
     for spec, (_, eng, ctl) in run_round(pair, specs, prompts, batch, steps, tokens, cost, acc, rng).items():
-        ctl.acceptance.reset_metrics()
-        ctl.cost_track = None
+        if ctl is not None:
+            ctl.acceptance.reset_metrics()
+            ctl.cost_track = None
         out[spec] = Warm(ctl, eng.step_no, eng.seq_no)
     return out
 
@@ -118,7 +146,8 @@ def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, step
     max_len = max(len(p) for p in prompts) + tokens + 1
     engines = {s: make_engine(pair, s, batch, cost, acc, max_len, start and start[s]) for s in specs}
     for _, ctl in engines.values():
-        ctl.cost_track = []
+        if ctl is not None:
+            ctl.cost_track = []
     outs: dict[str, list] = {s: [] for s in specs}
     wall = dict.fromkeys(specs, 0.0)
     order = list(specs)
@@ -253,7 +282,7 @@ def main() -> None:
                     full_models.append(ctl.acceptance)  # every drafted position verified: no selection
                 print(f"  batch {b:3d} round {rnd + 1} {spec:14s} {tps:8.1f} tok/s  accept-len "
                       f"{eng.stats.acceptance_length:.2f}  controller {ctl_ms[spec, b][-1]:.2f} ms/step"
-                      f"  fallbacks {sum(ctl.fallbacks.values())}{extra}", flush=True)
+                      f"  fallbacks {sum(ctl.fallbacks.values()) if ctl else 0}{extra}", flush=True)
             del results
         if "dspark" in policies and args.solo:
             solo.append(solo_runs(pair, prompts, b, steps, args.tokens, cost, acc, args.solo, order,
@@ -278,12 +307,18 @@ def main() -> None:
         print("\nratios (dspark vs ...)")
         for b in batches:
             best_static = max((table[s, b], s) for s in policies if s == "off" or s.startswith("static"))
+            bare = [(table[s, b], s) for s in policies if s.startswith(BARE)]
             paired = np.median(np.array(runs["dspark", b]) / np.array(runs[best_static[1], b]))
             line = [f"batch {b:3d}: vs off {table['dspark', b] / table['off', b]:.2f}x",
                     f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.3f}x "
                     f"(paired: median of the rounds' own ratios {paired:.3f}x)"]
             if "vllm-adaptive" in policies:
                 line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
+            if bare:
+                best_bare = max(bare)
+                paired_bare = np.median(np.array(runs["dspark", b]) / np.array(runs[best_bare[1], b]))
+                line.append(f"vs the best static with no controller ({best_bare[1]}) "
+                            f"{table['dspark', b] / best_bare[0]:.3f}x (paired {paired_bare:.3f}x)")
             print("  " + ", ".join(line))
         print("\ncalibration after warm-up (dspark runs, pooled over rounds; 'floor': the ECE a perfectly "
               "calibrated model shows on as many predictions): " + ", ".join(

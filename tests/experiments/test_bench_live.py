@@ -67,3 +67,26 @@ def test_rounds_start_from_each_policys_warmed_controller() -> None:
         assert eng.step_no == 9 and ctl.policy is not warmed.policy and ctl.policy._gates.keys() == warmed.policy._gates.keys()
         assert ctl.acceptance.cells.sum() > seen  # from the warmed model, then this round's steps
     assert warmed.acceptance.cells.sum() == seen and warm["dspark"].step_no == 6  # left as it was
+
+
+def test_a_bare_static_engine_runs_with_no_controller() -> None:
+    """`bare:k=N`: the engine takes its budgets from a plain function, with no controller (nothing
+    calibrated, learned or asked), and emits what the same static depth under the controller does."""
+    import random
+
+    from adaptive.acceptance import AcceptanceModel
+    from adaptive.cost_model import FixedCost
+    from experiments.bench_live import run_round, warm_at
+    from workers.bundled import heldout_prompts, load_pair
+
+    pair = load_pair(device="cpu")
+    prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:5]]
+    cost, acc = FixedCost(target_ms=10.0, draft_ms=1.0), AcceptanceModel()
+    specs = ["bare:k=2", "static:k=2"]
+    warm = warm_at(pair, specs, prompts[:2], 2, 3, 4, cost, acc, random.Random(0))
+    assert warm["bare:k=2"].ctl is None and warm["bare:k=2"].step_no == 3
+    res = run_round(pair, specs, prompts[2:], 2, 4, 6, cost, acc, random.Random(1), warm)
+    (_, bare, none), (_, ruled, ctl) = res["bare:k=2"], res["static:k=2"]
+    assert none is None and ctl is not None
+    assert bare.stats.pos_verified[:2].min() > 0 and bare.stats.pos_verified[2:].sum() == 0  # 2 deep
+    assert bare.stats.emitted == ruled.stats.emitted and bare.stats.seq_steps == ruled.stats.seq_steps
