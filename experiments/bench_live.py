@@ -14,7 +14,10 @@ batch 64's. Each batch size is
 measured in `--rounds` rounds; in a round every policy serves a closed loop of `batch` requests
 in flight (the same prompts in the same order), all engines taking the same number of steps in
 turn (a fresh shuffled order each cycle), each timed over its own decode steps, so slow spells of a
-shared machine fall on all policies alike; a policy's figure is its median over the rounds.
+shared machine fall on all policies alike; a policy's figure is its median over the rounds. Each
+round takes its prompts from its own third of the held-out list (the same for every policy): at
+batch 1 a round serves ~4 requests, and rounds that all replayed the first few, greedily, scored
+calibration on those few (a floor computed as if they were independent then read too low).
 Prefill of newly admitted requests is not timed: it is the same work for every policy, and in a
 fixed number of steps a faster policy starts more requests whose tokens it has not yet emitted,
 so timing it charged the faster policies more per counted token (at batch 64, 48 new tokens per
@@ -131,14 +134,14 @@ def warm_at(pair, specs: list[str], prompts: list[list[int]], batch: int, steps:
 
 def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, steps: int, tokens: int,
               cost: CostModel, acc: AcceptanceModel, rng: random.Random,
-              start: dict[str, Warm] | None = None) -> dict[str, tuple[float, Engine, Controller]]:
+              start: dict[str, Warm] | None = None, first: int = 0) -> dict[str, tuple[float, Engine, Controller]]:
     """A closed loop: every policy's engine keeps `batch` requests in flight (new ones taken from
     `prompts`, in the same order for all), and the engines take `steps` steps each, in turn (a
     fresh shuffled order each cycle), each timed over its own steps only. A slow spell of a shared
     machine then falls on every policy alike, step by step, and no engine runs a tail alone with
     the caches to itself; run one after another, a spell of a few seconds moved a policy's figure
     by 20-35%. Each engine starts from copies of `cost` and `acc`, or of its policy's warmed
-    controller in `start` (`warm_at`).
+    controller in `start` (`warm_at`). Requests take the prompts in order from `first`.
 
     Returns:
         spec -> (tokens emitted / wall time of its own steps, engine, controller).
@@ -157,7 +160,7 @@ def run_round(pair, specs: list[str], prompts: list[list[int]], batch: int, step
             eng = engines[s][0]
             while len(eng.queue) + len(eng.running) < batch:  # keep the batch full
                 i = len(outs[s])
-                outs[s].append(eng.submit(Request(f"{i}", prompts[i % len(prompts)], tokens, ignore_eos=True)))
+                outs[s].append(eng.submit(Request(f"{i}", prompts[(first + i) % len(prompts)], tokens, ignore_eos=True)))
             eng._admit()  # prefill the newcomers untimed: the same work for every policy (see module doc)
             t0 = time.perf_counter()
             eng.step()
@@ -265,7 +268,10 @@ def main() -> None:
         start = warm_at(pair, policies, warm, b, args.warm_steps, args.tokens, cost, acc, order) \
             if args.warm_steps else None
         for rnd in range(args.rounds):
-            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order, start)
+            # each round its own prompts (all policies the same ones): at batch 1 a round serves ~4
+            # requests, and rounds that replayed the same few greedily measured calibration on them alone
+            results = run_round(pair, policies, prompts, b, steps, args.tokens, cost, acc, order, start,
+                                first=rnd * len(prompts) // args.rounds)
             for spec in policies:
                 tps, eng, ctl = results[spec]
                 runs.setdefault((spec, b), []).append(tps)
