@@ -131,7 +131,7 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
             samples[kind, n, c].append(time_forward(model, n, c, per_seq, 1))
         if i == 0:
             for p in points:
-                want[p] = min(max_repeats, max(repeats, repeats + int(point_budget_s / max(samples[p][0], 1e-9))))
+                want[p] = min(max_repeats, repeats + int(point_budget_s / max(samples[p][0], 1e-9)))
     target_s = np.array([[np.median(samples["target", n, c]) for n in token_grid] for c in ctx_grid])  # (Nc, Nt)
     draft_s, decode_s = (np.array([[np.median(samples[kind, b, c]) for b in draft_batch_grid] for c in ctx_grid])
                          for kind in ("draft", "decode"))  # (Nc, Nb) each

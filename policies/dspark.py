@@ -59,7 +59,7 @@ ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `D
 ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is large:
 ASK_SPEND = 0.003  # such steps spaced to cost about this share of throughput
 ASK_RATE = 0.05  # the running means' weight on a new step that asked, after the first 20
-ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting past the first position
+ASK_EVIDENCE = 8  # asked steps before the measure may stop drafting dynamically
 PROBE_GAIN = 0.10  # a plan predicted to gain less than this over drafting nothing may be probed...
 PROBE_EVERY = 16  # ...once in this many such steps (see `DSpark._probing`), a spacing that doubles
 PROBE_MAX = 256  # with each probe, up to this
@@ -71,7 +71,7 @@ VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this ma
 @dataclass
 class _Gate:
     """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
-    cost model's overhead lines): the worth of asking `keep_drafting` past the first position
+    cost model's overhead lines): the worth of drafting dynamically, asking `keep_drafting`
     (`DSpark._asking`), the spacing of its probes (`DSpark._probing`) and the worth of asking
     `verify` on steps drafting the plan's budgets (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair
     and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
@@ -83,7 +83,7 @@ class _Gate:
     ask_se: float = 0.0  # ...and its standard error
     ask_n: int = 0  # steps that asked
     skipped: int = 0  # drafting steps since the last that asked
-    # running means of (tokens, seconds) as run and stopped after pass 1, and of the per-step
+    # running means of (tokens, seconds) as run and drafted to the plan's budgets, and of the per-step
     # relative gain and its square (for the standard error)
     ask_means: np.ndarray = field(default_factory=lambda: np.zeros(6))
     # `verify` on steps drafting the plan's budgets (see `DSpark._verifying`): running means of the target time it saved
@@ -191,8 +191,8 @@ class DSpark(DepthPolicy):
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         # = plan_budgets(ctx.prior_survival, ...), compiled; with `dynamic` the plan's depth becomes a
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting),
-        # unless drafting past the first position has not paid (then the plan stops at 1): decided
-        # here, so the ceiling is set here rather than by plan_kernel's `ceiling`
+        # unless drafting dynamically has not paid (then the plan's budgets are drafted as they
+        # are): decided here, so the ceiling is set here rather than by plan_kernel's `ceiling`
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin)
         gate = self._gates.get(B.bit_length())

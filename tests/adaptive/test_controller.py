@@ -159,30 +159,38 @@ def test_verify_is_asked_causally(pair, workload):
     assert set(seen) == {1, 2, 3}  # one call per position, each seeing only columns 1..j
 
 
+class EveryOther(DepthPolicy):
+    """Budgets of 3; an optional hook (`verifies` or `drafts_dynamically`, in subclasses) says yes
+    on even steps only. Records the steps its hook-guarded method was called on and every outcome."""
+    name = "every-other"
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.outcomes: list = []
+
+    def plan(self, ctx):
+        return np.full(ctx.batch_size, 3)
+
+    def observe(self, out):
+        self.outcomes.append(out)
+
+
 def test_a_step_whose_verify_is_not_worth_asking_verifies_every_drafted_token(pair, workload):
     """`verifies(step)` False (asked right after `plan`): `verify` is not called that step and every
     drafted token is verified, as for a policy without `verify`; the outcome says no time was spent
     asking. Where the controller learns its cost model it times the calls it makes."""
     reqs, ref = workload
-    asked, outcomes = [], []
 
-    class Sometimes(DepthPolicy):
-        name = "sometimes"
-
-        def plan(self, ctx):
-            return np.full(ctx.batch_size, 3)
-
+    class Sometimes(EveryOther):
         def verify(self, ctx):
-            asked.append(ctx.step)
+            self.asked.append(ctx.step)
             return np.minimum(ctx.drafted, 1)  # would verify one position only
 
         def verifies(self, step):
             return step % 2 == 0
 
-        def observe(self, out):
-            outcomes.append(out)
-
-    outs, ctl, eng = run(pair, reqs, Sometimes())
+    outs, ctl, eng = run(pair, reqs, policy := Sometimes())
+    asked, outcomes = policy.asked, policy.outcomes
     assert [o.output_ids for o in outs] == ref and not ctl.fallbacks
     assert asked and all(s % 2 == 0 for s in asked)
     odd = [o for o in outcomes if o.step % 2 and o.drafted.any()]
@@ -199,25 +207,17 @@ def test_a_step_not_drafted_dynamically_drafts_every_budget_without_asking(pair,
     """`drafts_dynamically(step)` False (asked right after `plan`): `keep_drafting` is not called
     that step and every sequence drafts its budget, as for a policy without `keep_drafting`."""
     reqs, ref = workload
-    asked, outcomes = [], []
 
-    class Fixed(DepthPolicy):
-        name = "fixed"
-
-        def plan(self, ctx):
-            return np.full(ctx.batch_size, 3)
-
+    class Fixed(EveryOther):
         def keep_drafting(self, ctx):
-            asked.append(ctx.step)
+            self.asked.append(ctx.step)
             return np.zeros(len(ctx.seq_ids), bool)  # would stop after the first pass
 
         def drafts_dynamically(self, step):
             return step % 2 == 0
 
-        def observe(self, out):
-            outcomes.append(out)
-
-    outs, ctl, eng = run(pair, reqs, Fixed())
+    outs, ctl, eng = run(pair, reqs, policy := Fixed())
+    asked, outcomes = policy.asked, policy.outcomes
     assert [o.output_ids for o in outs] == ref and not ctl.fallbacks
     assert asked and all(s % 2 == 0 for s in asked)
     odd = [o for o in outcomes if o.step % 2 and o.drafted.any()]
