@@ -102,3 +102,20 @@ def by_n_kernel(size: int, x_ext: np.ndarray, row: np.ndarray, shift: bool, b: f
             t = max(t + off, 0.5 * t)
         out[n] = t * scale + overhead
     return out
+
+
+@njit(cache=True)
+def prices_kernel(size: int, ctx: float, far: float, t_table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray,
+                  shift: bool, o_table: np.ndarray, b_ext: np.ndarray, b: float, d_table: np.ndarray, batch: float,
+                  scale: float, overhead: float, d_scale: float, d_overhead: float) -> tuple[np.ndarray, float]:
+    """A step's prices in one call, as `ProfiledCost.step_prices`: (size,) `by_n_kernel` over the
+    target's row at `ctx` (with `shift`, plus the decode offset's row of `o_table` at b), and the
+    draft pass of `batch` rows (`d_table`'s row at `ctx`, at `batch`, as `_Interp.__call__`;
+    times `d_scale`, plus `d_overhead`). b_ext: the batch grid as the offset's and the draft's
+    `_Interp` hold it."""
+    row = row_kernel(t_table, ctx_grid, x_ext, ctx, far)
+    b_row = row_kernel(o_table, ctx_grid, b_ext, ctx, far) if shift else row
+    target = by_n_kernel(size, x_ext, row, shift, b, b_ext if shift else x_ext, b_row, scale, overhead)
+    d_row = row_kernel(d_table, ctx_grid, b_ext, ctx, far)
+    d = d_row[0] if d_row.shape[0] == 2 else _interp_at(batch, b_ext, d_row)
+    return target, d * d_scale + d_overhead

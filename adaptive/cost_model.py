@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adaptive.cost_kernels import by_n_kernel, monotone_kernel, row_kernel
+from adaptive.cost_kernels import by_n_kernel, monotone_kernel, prices_kernel, row_kernel
 
 FORMAT = "specdepth-cost-v1"
 
@@ -60,6 +60,13 @@ class CostModel(ABC):
         """(size,) float64 `target_time(N)` for N = 0..size-1: the same numbers, which a model may
         compute faster (policies price a whole step's table each step)."""
         return np.asarray(self.target_time(np.arange(size), context_tokens, batch_size), np.float64)
+
+    def step_prices(self, size: int, context_tokens: int, draft_batch: int,
+                    batch_size: int = 0) -> tuple[np.ndarray, float]:
+        """A step's prices: `target_by_n(size, context_tokens, batch_size)` and
+        `draft_time(draft_batch, context_tokens)`, the same numbers, which a model may compute in
+        one go (dspark prices both every step)."""
+        return self.target_by_n(size, context_tokens, batch_size), float(self.draft_time(draft_batch, context_tokens))
 
     def at_batch(self, batch_size: int) -> "CostModel":
         """The model as one step of `batch_size` sequences sees it, with the `StepCost` signature
@@ -562,6 +569,21 @@ class ProfiledCost(CostModel):
                            float(min(batch_size, self.batch_grid[-1])), o.x_ext, o.row(float(context_tokens)),
                            math.exp(self.speed_logcorr), self.step_overhead_s)
 
+    def step_prices(self, size: int, context_tokens: int, draft_batch: int,
+                    batch_size: int = 0) -> tuple[np.ndarray, float]:
+        # = (target_by_n(...), draft_time(draft_batch, ...)), bit for bit, in one compiled call: after
+        # a forward each call into the model costs 10-30 us on this CPU, caches cold
+        if self._dirty:
+            self._refresh()
+        shift = batch_size > 0 and self.base_decode is not None
+        o = self._offset_f if shift else self._draft_f  # the offset's table (unread without the shift)
+        t, d = prices_kernel(int(size), float(context_tokens), _FAR, self._target_table, self.ctx_grid,
+                             self._target_f.x_ext, shift, o.table, self._draft_f.x_ext,
+                             float(min(batch_size, self.batch_grid[-1])), self._draft_table, float(draft_batch),
+                             math.exp(self.speed_logcorr), self.step_overhead_s,
+                             math.exp(self.speed_logcorr + self.draft_ratio_logcorr), self.pass_overhead_s)
+        return t, float(d)
+
     @property
     def learns(self) -> bool:
         return not self.frozen
@@ -706,6 +728,10 @@ class _AtBatch:
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         return self.model.draft_time(batch_size, context_tokens)
+
+    def step_prices(self, size: int, context_tokens: int, draft_batch: int,
+                    batch_size: int = 0) -> tuple[np.ndarray, float]:
+        return self.model.step_prices(size, context_tokens, draft_batch, batch_size or self.batch_size)
 
     def __getattr__(self, name: str) -> Any:  # only for names the view lacks
         if name == "model" or name.startswith("__"):  # unpickling (a Ray replica) before __dict__ is set

@@ -103,10 +103,12 @@ class _Prices:
         self.key = (step, context, n)  # with the cost model's identity (see `DSpark._prices_for`)
         self.cost, self.context = cost, context
         size = n * (max_depth + 1) + 1
-        table = getattr(cost, "target_by_n", None)  # CostModel's faster form (same numbers), if it has one
-        self.target = table(size, context) if table else np.asarray(cost.target_time(np.arange(size), context),
-                                                                    np.float64)  # (N,) by N
-        self.draft_all = float(cost.draft_time(n, context))
+        both = getattr(cost, "step_prices", None)  # CostModel's faster form (same numbers), if it has one
+        if both is not None:
+            self.target, self.draft_all = both(size, context, n)  # (N,) by N, and a draft pass
+        else:
+            self.target = np.asarray(cost.target_time(np.arange(size), context), np.float64)
+            self.draft_all = float(cost.draft_time(n, context))
 
     @cached_property
     def pass_k(self) -> np.ndarray:

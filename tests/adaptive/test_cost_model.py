@@ -218,6 +218,8 @@ def test_target_by_n_is_target_time_bit_for_bit(model):
         for _ in range(2):  # a second call reads what the first cached
             got = model.target_by_n(size, ctx)
             assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+            target, draft = model.step_prices(size, ctx, 7)
+            assert target.tobytes() == want.tobytes() and draft == model.draft_time(7, ctx)
 
 
 def test_profiled_target_by_n_is_target_time_bit_for_bit_in_every_step_shape():
@@ -232,6 +234,13 @@ def test_profiled_target_by_n_is_target_time_bit_for_bit_in_every_step_shape():
                                  (2305, 10**7, 300), (130, 999.5, 3)):
                 want = np.asarray(c.target_time(np.arange(size), ctx, b), np.float64)
                 assert c.target_by_n(size, ctx, b).tobytes() == want.tobytes()
+                for rows in (1, 3, 8, 64, 300, 1000):  # on, between and past the batch grid
+                    target, draft = c.step_prices(size, ctx, rows, b)
+                    assert target.tobytes() == want.tobytes() and draft == c.draft_time(rows, ctx)
+                    view = c.at_batch(b)
+                    target, draft = view.step_prices(size, ctx, rows)
+                    assert target.tobytes() == view.target_by_n(size, ctx).tobytes()
+                    assert draft == view.draft_time(rows, ctx)
             c.observe(24, 2000, 1.3 * c.target_time(24, 2000), 8, 2, 0.002, overhead_s=1e-3, batch_size=8)
 
 
