@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.kernels import calibrate_kernel, observe_kernel
+from adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel
 
 EPS = 1e-6
 IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
@@ -293,15 +293,12 @@ class AcceptanceModel:
         then each inherits the rate of the one before. With a few thousand observations the bonus
         is below 0.01.
         """
-        rows = self._rows(seq_ids)  # (B,)
-        state = np.zeros(len(rows), np.int64)  # (B,) unknown sequences: state 0
-        known = rows >= 0
-        state[known] = self.seq_stats[rows[known], CAT]
-        shift = self._seq_shift(seq_ids, (4, 5))  # (B,)
         base = self._plan_logit.get(K)  # the rates change only at a refresh: computed once per refresh
         if base is None:
             base = self._plan_logit[K] = _logit(self.plan_rates(K))  # (S, K)
-        return _sigmoid(base[state] + shift[:, None])
+        # = _sigmoid(base[state] + self._shift(rows, (4, 5))[:, None]), state the rows' CAT (0: unknown),
+        # compiled: one call in place of ~15 array calls, which cost ~55 us a step after a forward
+        return prior_kernel(self._rows(seq_ids), self.seq_stats, base, self.config.seq_strength, EPS, CAT)
 
     def base_rates(self, K: int) -> tuple[np.ndarray, np.ndarray]:
         """(S, K) planning rates per state, and the observations behind them, as of the last refresh.

@@ -21,6 +21,26 @@ from policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, V
 log = logging.getLogger("specdepth.controller")
 
 
+class Priors:
+    """A step's planning priors, `acceptance.prior_conf(seq_ids, K)`, computed when a policy first
+    reads `PlanContext.prior_conf` (most policies never do), while the step is open: the controller
+    closes it when it learns from the step (or plans the next), and a first read after that raises
+    instead of answering with later statistics. Pickled (a policy shipped to a Ray replica with a
+    context it kept), it travels as the array, or closed."""
+
+    def __init__(self, model: Any, seq_ids: np.ndarray, K: int) -> None:
+        self.model, self.seq_ids, self.K, self.open = model, seq_ids, K, model is not None
+
+    def __call__(self) -> np.ndarray:
+        if not self.open:
+            raise RuntimeError("PlanContext.prior_conf first read after its step was learned from: "
+                               "read it in `plan` and keep the array")
+        return self.model.prior_conf(self.seq_ids, self.K)  # (B, K)
+
+    def __reduce__(self):
+        return (np.array, (self(),)) if self.open else (Priors, (None, self.seq_ids, self.K))
+
+
 class Controller:
     def __init__(self, policy: DepthPolicy, max_depth: int, cost: Any = None, acceptance: Any = None,
                  learn_cost: bool = True, time_verify: bool | None = None) -> None:
@@ -51,6 +71,7 @@ class Controller:
         self._view: tuple[int, int, Any] = (-1, -1, None)  # (step, batch size, the cost policies see)
         self._asks_verify = (-1, True)  # (step, whether its `verify` is asked: `policy.verifies`)
         self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), with `time_verify`
+        self._priors = Priors(None, np.zeros(0, np.int64), max_depth)  # the planning priors of the last `plan`
 
     def step_cost(self, step: int, batch_size: int) -> Any:
         """The cost model as this step's policy calls see it: bound to the step's batch size when
@@ -100,8 +121,9 @@ class Controller:
     # ---- the step -----------------------------------------------------------------------------
     def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
         B = len(seq_ids)
-        ctx = PlanContext(step, seq_ids, context_lens, self.max_depth,
-                          self.acceptance.prior_conf(seq_ids, self.max_depth), self.step_cost(step, B),
+        self._priors.open = False  # the last step's, if a policy kept it unread (see `Priors`)
+        self._priors = Priors(self.acceptance, seq_ids, self.max_depth)
+        ctx = PlanContext(step, seq_ids, context_lens, self.max_depth, self._priors, self.step_cost(step, B),
                           cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
         off = np.zeros(B, np.int64)
         val, ok = self._call("plan", self.policy.plan, ctx)
@@ -199,6 +221,7 @@ class Controller:
                 own = conf
         if conf.shape != top1.shape:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+        self._priors.open = False  # the step's priors, if unread, are gone once it is learned from
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
         n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
         if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning

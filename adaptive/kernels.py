@@ -62,6 +62,44 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
 
 
 @njit(cache=True)
+def _logit_at(p: float) -> float:
+    """`acceptance._logit` of one number: clipped to [1e-4, 1 - 1e-4]."""
+    p = min(max(p, 1e-4), 1.0 - 1e-4)
+    return math.log(p) - math.log1p(-p)
+
+
+@njit(cache=True)
+def prior_kernel(rows: np.ndarray, seq_stats: np.ndarray, base: np.ndarray, strength: float, eps: float,
+                 cat_col: int) -> np.ndarray:
+    """(B, K) `AcceptanceModel.prior_conf`: sigmoid(clip(base[state_r] + shift_r, +-30)), state_r
+    the sequence's last-step category (column `cat_col` of its seq_stats row; 0 for rows < 0,
+    unknown sequences), shift_r its Beta-Bernoulli log-odds shift on columns (0, 1) against
+    (4, 5) (`AcceptanceModel._shift`; 0 when unknown or nothing observed yet).
+
+    Args:
+        rows: (B,) int64 seq_stats rows, -1 for unknown sequences.
+        seq_stats: (rows, SEQ_COLS) float64.
+        base: (S, K) float64 planning logits per state.
+    """
+    B, K = rows.shape[0], base.shape[1]
+    out = np.empty((B, K))
+    for r in range(B):
+        state, shift = 0, 0.0
+        i = rows[r]
+        if i >= 0:
+            state = int(seq_stats[i, cat_col])
+            n = seq_stats[i, 0] + seq_stats[i, 1]
+            if n > 0:
+                g = seq_stats[i, 4] / max(seq_stats[i, 4] + seq_stats[i, 5], eps)
+                theta = (seq_stats[i, 0] + strength * g) / (n + strength)
+                shift = _logit_at(theta) - _logit_at(g)
+        for j in range(K):
+            z = min(max(base[state, j] + shift, -30.0), 30.0)
+            out[r, j] = 1.0 / (1.0 + math.exp(-z))
+    return out
+
+
+@njit(cache=True)
 def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.ndarray, conf: np.ndarray,
                    g_conf: np.ndarray, g_rate: np.ndarray, first_base: np.ndarray, rows: np.ndarray,
                    pos: np.ndarray, z_edges: np.ndarray, h_edges: np.ndarray, eps: float, metrics: np.ndarray,

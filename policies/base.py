@@ -23,7 +23,9 @@ raises: a policy cannot crash the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -46,7 +48,8 @@ class PlanContext:
     seq_ids: np.ndarray  # (B,) int64: request id of each running sequence, stable across steps
     context_lens: np.ndarray  # (B,) int64: tokens each sequence holds (prompt + generated)
     max_depth: int  # K: the largest budget the engine accepts
-    prior_conf: np.ndarray  # (B, K) float: predicted acceptance of position j given j-1 accepted, from history
+    # (B, K) float, or a function returning it: read it as `prior_conf` (below), computed on first read
+    priors: np.ndarray | Callable[[], np.ndarray]
     cost: StepCost  # step-time model, as priced for a step of this batch size (CostModel.at_batch)
     # (B,) int64: each sequence's true match length at its current position, capped by the tokens it
     # may still emit (a_r = min(d_r, oracle_match[r])). Set only by the replay simulator, for the
@@ -59,6 +62,17 @@ class PlanContext:
     @property
     def batch_size(self) -> int:
         return len(self.seq_ids)
+
+    @cached_property
+    def prior_conf(self) -> np.ndarray:
+        """(B, K) float: predicted acceptance of position j given j - 1 accepted, from history.
+
+        The controller computes it on the first read (its share of a step was ~55 us at batch 4
+        on the bundled CPU pair, and only some policies read it: dspark's plan does, a static
+        depth does not). Read it during the step's `plan` (or keep what you read): the
+        controller learns from the step afterwards, and a first read after that raises, rather
+        than answer with the next step's statistics."""
+        return self.priors() if callable(self.priors) else self.priors
 
     @property
     def prior_survival(self) -> np.ndarray:

@@ -76,7 +76,7 @@ def make_plan_ctx(
         seq_ids=ids,
         context_lens=_i64(context_lens, batch_size, 100),
         max_depth=max_depth,
-        prior_conf=prior,
+        priors=prior,
         cost=cost if cost is not None else LinearCost(),
     )
 

@@ -166,6 +166,28 @@ def test_calibrate_kernel_matches_the_numpy_formula():
                                    ref[:, :1], rtol=1e-12, atol=1e-15)
 
 
+def test_prior_conf_kernel_matches_the_numpy_formula():
+    """`prior_conf` (compiled) against its numpy statement, on a model that has observed ragged
+    steps of known sequences, with sequences it has never seen among them."""
+    rng = np.random.default_rng(8)
+    m = AcceptanceModel()
+    for step in range(60):
+        ids = rng.choice(40, 12, replace=False)
+        top1 = rng.uniform(0.05, 1, (12, 8))
+        d = rng.integers(0, 9, 12)
+        a = np.minimum(d, rng.integers(0, 9, 12))
+        top1[np.arange(8)[None, :] >= d[:, None]] = 0.0
+        m.observe(ids, top1, 1 - top1, d, a)
+    ids = np.concatenate([rng.choice(40, 30, replace=False), [1000, 1001]])  # two never seen
+    for K in (1, 8, 12):
+        rows = m._rows(ids)
+        state = np.where(rows >= 0, m.seq_stats[np.maximum(rows, 0), CAT], 0).astype(np.int64)
+        ref = _sigmoid(_logit(m.plan_rates(K))[state] + m._shift(rows, (4, 5))[:, None])
+        got = m.prior_conf(ids, K)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+        assert got.shape == (len(ids), K) and len(np.unique(state)) > 2  # several states met
+
+
 def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     """`AcceptanceModel.observe` written with numpy array calls (the implementation before its
     compiled kernel): the test's independent statement of the tallies."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from adaptive.acceptance import AcceptanceModel
 from adaptive.controller import Controller
 from adaptive.engine import Engine, Request
 from policies.base import DepthPolicy
@@ -373,3 +375,66 @@ def test_policies_see_the_cost_priced_at_the_step_s_batch(pair, workload, learn)
     plain = CostRecorder()
     Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), Controller(plain, max_depth=8, cost=base)).run(workload[0])
     assert all(view is base for _, _, view, _ in plain.seen)  # no decode table: the model itself
+
+
+class CountingAcceptance(AcceptanceModel):
+    """The acceptance model, counting `prior_conf` calls (the model itself is unchanged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prior_calls = 0
+
+    def prior_conf(self, seq_ids, K):
+        self.prior_calls += 1
+        return super().prior_conf(seq_ids, K)
+
+
+class PriorReader(DepthPolicy):
+    """Budget 2; reads `prior_conf` in plan (`at="plan"`, keeping the context) or first in observe."""
+    name = "prior-reader"
+
+    def __init__(self, at: str) -> None:
+        self.at, self.read, self.kept = at, [], None
+
+    def plan(self, ctx):
+        if self.at == "plan":
+            self.read.append(ctx.prior_conf.copy())
+        self.kept = ctx
+        return np.full(ctx.batch_size, 2)
+
+    def observe(self, out):
+        self.read.append(self.kept.prior_conf)  # `at="plan"`: what plan read; else a first read, too late
+
+
+def test_planning_priors_are_computed_only_for_a_policy_that_reads_them(pair, workload):
+    """`PlanContext.prior_conf` is computed on first read: a static depth never pays for it; a
+    policy that reads it in plan gets the acceptance model's priors as of the plan, and the same
+    array on every later read; a first read after the controller learned from the step raises
+    (counted, the step's outcome kept), as does one of a context pickled after it (a Ray replica)."""
+    reqs, want = workload
+    for spec, calls in (("static:k=2", 0), ("off", 0)):
+        acc = CountingAcceptance()
+        eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), Controller(make_policy(spec), 8, acceptance=acc))
+        assert [o.output_ids for o in eng.run(reqs)] == want
+        assert acc.prior_calls == calls and eng.stats.steps > 0
+    acc, policy = CountingAcceptance(), PriorReader("plan")
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), Controller(policy, 8, acceptance=acc))
+    assert [o.output_ids for o in eng.run(reqs)] == want
+    assert acc.prior_calls == eng.stats.steps and len(policy.read) == 2 * eng.stats.steps
+    for at_plan, at_observe in zip(policy.read[0::2], policy.read[1::2]):
+        assert at_plan.shape == (at_plan.shape[0], 8) and np.array_equal(at_plan, at_observe)
+    late = PriorReader("observe")
+    ctl = Controller(late, 8)
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), ctl)
+    assert [o.output_ids for o in eng.run(reqs)] == want
+    assert ctl.fallbacks["observe: raised RuntimeError"] == eng.stats.steps and late.read == []
+    # pickled: an open step's priors travel as the array; a closed one's stay closed
+    fresh = Controller(PriorReader("none"), 8)
+    ctx_ids, lens = np.array([3, 4], np.int64), np.array([10, 12], np.int64)
+    fresh.plan(0, ctx_ids, lens)
+    ctx = fresh.policy.kept
+    copy = pickle.loads(pickle.dumps(ctx))
+    assert isinstance(copy.priors, np.ndarray) and np.array_equal(copy.prior_conf, fresh.acceptance.prior_conf(ctx_ids, 8))
+    fresh.plan(1, ctx_ids, lens)  # the next step closes the first
+    with pytest.raises(RuntimeError, match="first read after"):
+        pickle.loads(pickle.dumps(ctx)).prior_conf
