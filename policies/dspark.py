@@ -24,8 +24,9 @@ Each step (DESIGN.md "Allocation"):
   them out would raise the admission bar (tau / T(N) > tau / (draft + T(N))) and prune slots
   that pay (on the CPU pair's replay at C = 64 that cost 3%). The pass count is this policy's
   own: the plan's deepest budget, cut where `keep_drafting` stopped every sequence; it depends
-  on confidences only, never on a drafted token. On a step drafting the plan's budgets, `verify`
-  is not asked at all (`verifies`) while asking it has cost more than it saved (`_verifying`).
+  on confidences only, never on a drafted token. `verify` is not asked at all (`verifies`) while
+  asking it on steps of the kind (drafting the plan's budgets, or dynamically) has cost more than
+  it saved (`_verifying`).
 
 Both use the context-aware cost (context_tokens = the batch's KV tokens).
 
@@ -69,12 +70,23 @@ VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this ma
 
 
 @dataclass
+class _VerifyWorth:
+    """The worth of asking `verify` on one kind of step (`DSpark._verifying`): running means of the
+    target time it saved and of the controller's time asking it, seconds; the steps measured;
+    steps since one asked."""
+
+    saved: float = 0.0
+    cost: float = 0.0
+    n: int = 0
+    skips: int = 0
+
+
+@dataclass
 class _Gate:
     """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
     cost model's overhead lines): the worth of drafting dynamically, asking `keep_drafting`
     (`DSpark._asking`), the spacing of its probes (`DSpark._probing`) and the worth of asking
-    `verify` on steps drafting the plan's budgets (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair
-    and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
+    `verify` (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
     batch that moves would follow the batch instead of the question."""
 
     probe_wait: int = 0  # drafting plans since the last weighing
@@ -86,12 +98,10 @@ class _Gate:
     # running means of (tokens, seconds) as run and drafted to the plan's budgets, and of the per-step
     # relative gain and its square (for the standard error)
     ask_means: np.ndarray = field(default_factory=lambda: np.zeros(6))
-    # `verify` on steps drafting the plan's budgets (see `DSpark._verifying`): running means of the target time it saved
-    # and of the controller's time asking it, seconds; the steps measured; steps since one asked
-    verify_saved: float = 0.0
-    verify_cost: float = 0.0
-    verify_n: int = 0
-    verify_skips: int = 0
+    # the worth of asking `verify` (see `DSpark._verifying`) on steps drafting the plan's budgets,
+    # and on steps drafting dynamically (their drafts are chosen otherwise: measured apart)
+    verify_fixed: _VerifyWorth = field(default_factory=_VerifyWorth)
+    verify_dynamic: _VerifyWorth = field(default_factory=_VerifyWorth)
 
 
 class _Prices:
@@ -206,12 +216,14 @@ class DSpark(DepthPolicy):
             # what the step would draft with `keep_drafting` not asked: the measure's other arm
             self._fixed_budgets = budgets.copy() if self.follow_plan else np.minimum(budgets, 1)
             budgets[budgets > 0], deepest = K, K
+            if self.weigh_verify and ctx.cost_learns and not self._verifying(gate.verify_dynamic):
+                self._skip_verify = ctx.step
         elif deepest > 0:  # drafted to the budgets, `keep_drafting` not asked
             if self.dynamic and not self.follow_plan:
                 np.minimum(budgets, 1, out=budgets)
                 deepest = 1
             self._fixed_step = ctx.step
-            if self.weigh_verify and ctx.cost_learns and not self._verifying(gate):
+            if self.weigh_verify and ctx.cost_learns and not self._verifying(gate.verify_fixed):
                 self._skip_verify = ctx.step
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
@@ -245,25 +257,29 @@ class DSpark(DepthPolicy):
         gate.probe_every = min(2 * gate.probe_every, PROBE_MAX)
         return True
 
-    def _verifying(self, gate: _Gate) -> bool:
-        """Whether a step drafting the plan's budgets asks `verify` (else every drafted token is verified).
+    def _verifying(self, worth: _VerifyWorth) -> bool:
+        """Whether this step asks `verify` (else every drafted token is verified), by its worth on
+        steps of this kind (`worth`: drafting the plan's budgets, or drafting dynamically).
 
         Asking is a causal call into the controller after drafting, run with the caches cold from
         the draft pass before it: ~80 us a step on the bundled CPU pair at batch 4, ~1% of a step
         there, where static k = 1 asks nothing. What it can save is the target time of the drafted
         positions it leaves unverified, which on a step the plan priced is little: a position is
-        left out only where its confidence turned out too low to pay its token. Both are measured
-        on such steps that asked (the target time saved priced by the cost model, the asking
-        timed by the controller; running means, ~20 steps' memory, per batch-size bucket), and
-        after `VERIFY_EVIDENCE` such steps `verify` is skipped while it has cost more than it saved;
-        one step in `VERIFY_PROBE` asks anyway, so the measure follows a change. Only where the
-        controller learns its cost model and times the calls: a replay always asks."""
-        if gate.verify_n < VERIFY_EVIDENCE or gate.verify_saved >= gate.verify_cost:
-            gate.verify_skips = 0
+        left out only where its confidence turned out too low to pay its token. On a step drafting
+        dynamically `keep_drafting` has already weighed each next position on the confidences so
+        far; at batch 1 on the bundled pair those steps asked `verify` on a quarter of all steps,
+        ~20 us a step. Both are measured on the steps of the kind that asked (the target time
+        saved priced by the cost model, the asking timed by the controller; running means, ~20
+        steps' memory, per batch-size bucket), and after `VERIFY_EVIDENCE` such steps `verify` is
+        skipped while it has cost more than it saved; one step in `VERIFY_PROBE` asks anyway, so
+        the measure follows a change. Only where the controller learns its cost model and times
+        the calls: a replay always asks."""
+        if worth.n < VERIFY_EVIDENCE or worth.saved >= worth.cost:
+            worth.skips = 0
             return True
-        gate.verify_skips += 1
-        if gate.verify_skips >= VERIFY_PROBE:
-            gate.verify_skips = 0
+        worth.skips += 1
+        if worth.skips >= VERIFY_PROBE:
+            worth.skips = 0
             return True
         return False
 
@@ -274,18 +290,24 @@ class DSpark(DepthPolicy):
         return step != self._fixed_step
 
     def _weigh_verify(self, out: StepOutcome) -> None:
-        """A step drafting the plan's budgets that asked `verify`: the target time it saved and the time asking took."""
+        """A step that asked `verify`: the target time it saved and the time asking took, in its kind's measure."""
         p, B = self._prices, len(out.seq_ids)
         gate = self._gates.get(B.bit_length())
-        if p is None or gate is None or p.key[0] != out.step or out.step != self._fixed_step:
+        if p is None or gate is None or p.key[0] != out.step:
+            return
+        if out.step == self._fixed_step:
+            worth = gate.verify_fixed
+        elif out.step == self._asking_now and gate is self._asking_gate:
+            worth = gate.verify_dynamic
+        else:
             return
         t = p.target_at(np.array([B + int(out.drafted.sum()), B + int(out.verified.sum())]))  # (2,) all, as verified
-        gate.verify_n += 1
-        w = max(VERIFY_RATE, 1.0 / gate.verify_n)
+        worth.n += 1
+        w = max(VERIFY_RATE, 1.0 / worth.n)
         # an outlier (a first call, a pause) counts as at most twice the mean plus 1 ms, as in the cost model
-        cost = out.verify_time_s if gate.verify_n == 1 else min(out.verify_time_s, 2.0 * gate.verify_cost + 1e-3)
-        gate.verify_saved += w * (float(t[0] - t[1]) - gate.verify_saved)
-        gate.verify_cost += w * (cost - gate.verify_cost)
+        cost = out.verify_time_s if worth.n == 1 else min(out.verify_time_s, 2.0 * worth.cost + 1e-3)
+        worth.saved += w * (float(t[0] - t[1]) - worth.saved)
+        worth.cost += w * (cost - worth.cost)
 
     def _small_gain(self, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """The plan's predicted throughput gain over drafting nothing is under PROBE_GAIN."""

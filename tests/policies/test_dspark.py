@@ -482,3 +482,27 @@ def test_verify_is_skipped_on_one_deep_steps_while_asking_costs_more_than_it_sav
     assert all(run(DSpark(dynamic=False), dropped=True))  # leaving a token out saves 3 ms: asked
     assert all(run(DSpark(dynamic=False), dropped=False, learns=False))
     assert all(run(DSpark(dynamic=False, weigh_verify=False), dropped=False))
+
+
+def test_verify_is_weighed_apart_on_steps_drafting_dynamically() -> None:
+    """Steps drafting dynamically (asking `keep_drafting`) weigh `verify` in a measure of their own:
+    where asking it saves nothing it is skipped after the evidence (one step in VERIFY_PROBE still
+    asks), and the measure of steps drafting the plan's budgets is left as it was."""
+    from policies.base import StepOutcome
+    from policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
+    cost = LinearCost(0.010, 0.0005, 0.003)
+    prior = np.array([[0.9, 0.3] + [0.3] * 6] * 2)
+    policy, asked = DSpark(weigh_asks=False), []  # never weighs the asks: every drafting step is dynamic
+    for step in range(VERIFY_EVIDENCE + 2 * VERIFY_PROBE):
+        b = policy.plan(replace(make_plan_ctx(2, prior_conf=prior, cost=cost, step=step), cost_learns=True))
+        assert b.tolist() == [8, 8] and policy.drafts_dynamically(step)
+        asked.append(policy.verifies(step))
+        drafted = np.ones(2, np.int64)  # keep_drafting stopped after one pass; every drafted token verified
+        t = float(cost.target_time(4))
+        policy.observe(StepOutcome(step, np.arange(2), b, drafted, drafted, drafted, np.full((2, 1), 0.9),
+                                   np.full((2, 1), 0.9), t + 5e-4, 5e-4, t, np.full(2, 100), np.zeros(0, np.int64),
+                                   0.0, 5e-4, 80e-6 if asked[-1] else 0.0))
+    n = VERIFY_EVIDENCE
+    assert all(asked[:n]) and not any(asked[n:n + VERIFY_PROBE - 1]) and asked[n + VERIFY_PROBE - 1]
+    gate = policy._gates[2]
+    assert gate.verify_dynamic.n == n + 2 and gate.verify_dynamic.saved == 0.0 and gate.verify_fixed.n == 0
