@@ -216,6 +216,8 @@ def pooled_calibration(models: list[AcceptanceModel], raw: bool = False) -> tupl
     `raw`: of the uncalibrated survival (running product of the draft's top-1), the baseline."""
     m = sum(a.metrics[int(raw)] for a in models)  # (bins, 3): n, sum predicted, sum realised
     n = m[:, 0].sum()
+    if n == 0:
+        return float("nan"), float("nan"), 0, float("nan")
     brier = sum(a.brier_sum[int(raw)] for a in models)
     return float(np.abs(m[:, 1] - m[:, 2]).sum() / n), float(brier / n), int(n), ece_floor(m)
 
@@ -332,7 +334,8 @@ def main() -> None:
             print("  " + ", ".join(line).replace(":,", ":"))
         print("\ncalibration after warm-up (dspark runs, pooled over rounds; 'floor': the ECE a perfectly "
               "calibrated model shows on as many predictions): " + ", ".join(
-                  f"batch {b}: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)"
+                  f"batch {b}: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)" if n
+                  else f"batch {b}: no verified positions (dspark drafted nothing)"
                   for b, (e, br, n, f) in zip(batches, cal)))
         e, br, n, f = pooled_calibration(all_models)
         print(f"calibration pooled over every batch size: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} "
