@@ -537,6 +537,11 @@ class ProfiledCost(CostModel):
         self._draft_f = _Interp(self._draft_table, self.ctx_grid, self.batch_grid)
         self._dirty = False
 
+    def ready(self) -> None:
+        """Rebuild the tables now if a correction left them stale (the next query would)."""
+        if self._dirty:
+            self._refresh()
+
     @property
     def target_table(self) -> np.ndarray:
         if self._dirty:

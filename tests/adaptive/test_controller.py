@@ -438,3 +438,48 @@ def test_planning_priors_are_computed_only_for_a_policy_that_reads_them(pair, wo
     fresh.plan(1, ctx_ids, lens)  # the next step closes the first
     with pytest.raises(RuntimeError, match="first read after"):
         pickle.loads(pickle.dumps(ctx)).prior_conf
+
+
+class CheckedAcceptance(AcceptanceModel):
+    """The acceptance model, counting `calibrate` calls; at each `observe` it checks the confidences
+    the controller hands it against a fresh calibration of the step's features (the model has not
+    changed since the step's calls: it learns here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.checked = 0, 0
+
+    def calibrate(self, seq_ids, top1, entropy):
+        self.calls += 1
+        return super().calibrate(seq_ids, top1, entropy)
+
+    def observe(self, seq_ids, top1, entropy, verified, accepted, conf=None):
+        if conf is not None:
+            assert np.array_equal(conf, super().calibrate(seq_ids, top1, entropy) * (top1 > 0))
+            self.checked += 1
+        return super().observe(seq_ids, top1, entropy, verified, accepted, conf=conf)
+
+
+def test_verify_reuses_the_last_keep_drafting_calibration_bit_for_bit(pair, workload):
+    """Where drafting ended right after a `keep_drafting` call, the step's verify takes that call's
+    confidences (padded) instead of calibrating again: the same numbers, one call fewer."""
+    reqs, want = workload
+    acc = CheckedAcceptance()
+    ctl = Controller(RandomPolicy(seed=4), 8, acceptance=acc)
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8), ctl)
+    asks = []
+    keep_fn = ctl.keep_fn
+
+    def counting_keep_fn(step, seq_ids, budgets):
+        fn = keep_fn(step, seq_ids, budgets)
+        if fn is None:
+            return None
+
+        def keep(*a):
+            asks.append(step)
+            return fn(*a)
+        return keep
+    ctl.keep_fn = counting_keep_fn
+    assert [o.output_ids for o in eng.run(reqs)] == want
+    assert acc.checked == eng.stats.steps and len(set(asks)) > 5
+    assert acc.calls < len(asks) + eng.stats.steps  # some verify calibrations were reused
