@@ -74,6 +74,7 @@ class Controller:
         self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), with `time_verify`
         self._priors = Priors(None, np.zeros(0, np.int64), max_depth)  # the planning priors of the last `plan`
         self._keep_conf: tuple[int, np.ndarray | None] = (-1, None)  # (step, its last keep_drafting confidences)
+        self._last_conf, self._last_conf_step = np.zeros((0, 0)), -1  # the confidences verify computed, its step
 
     def step_cost(self, step: int, batch_size: int) -> Any:
         """The cost model as this step's policy calls see it: bound to the step's batch size when
@@ -184,6 +185,13 @@ class Controller:
             return d
         return verify
 
+    def shown_conf(self, step: int, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+        """(B, J) the calibrated confidences the policy was shown at `step`: those its verify
+        callback computed, or computed now (the model has not learned since)."""
+        if self._last_conf_step == step and self._last_conf.shape == np.shape(top1):
+            return self._last_conf
+        return self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+
     def _calibrated(self, step: int, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) the drafted positions' calibrated confidences. Where the step's last
         `keep_drafting` call saw every drafted position (drafting ended after it), its answer, padded:
@@ -230,12 +238,10 @@ class Controller:
         `keep_s`: the seconds the step spent in the `keep_drafting` callback, and `first_pass_s`
         those of its first draft pass (0: not measured), and `verify_s` those of its causal verify
         calls (None: as this controller timed them, `verify_seconds`); the policy sees all three."""
-        own = None  # this step's confidences from this very model, if the verify callback made them
+        own = None  # this step's confidences from this very model (the calibration tally's)
         if conf is None:
-            conf = getattr(self, "_last_conf", np.zeros_like(top1))
-            if getattr(self, "_last_conf_step", None) == step and conf.shape == top1.shape:
-                own = conf
-        if conf.shape != top1.shape:
+            conf = own = self.shown_conf(step, seq_ids, top1, entropy)
+        elif conf.shape != top1.shape:
             conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
         self._priors.open = False  # the step's priors, if unread, are gone once it is learned from
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)

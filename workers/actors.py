@@ -236,8 +236,8 @@ class Replica:
                                ctl.keep_fn(plan.step, seq_ids, plan.budgets) if ctl else None,
                                ctl.verify_fn(plan.step, seq_ids, ctx_lens) if ctl else None)
         conf = None
-        if ctl is not None:  # what the policy was shown (deterministic: same state as in verify)
-            conf = ctl.acceptance.calibrate(seq_ids, res.top1, res.entropy) * (res.top1 > 0)
+        if ctl is not None:  # what the policy was shown, as its verify callback computed it
+            conf = ctl.shown_conf(plan.step, seq_ids, res.top1, res.entropy)
         reply = StepReply(plan.step, self.incarnation, os.getpid(), seq_ids=seq_ids, drafted=res.drafted,
                           verified=res.verified, accepted=res.accepted, emitted=res.emitted, top1=res.top1,
                           entropy=res.entropy, conf=conf, context_lens=ctx_lens, draft_s=res.draft_s,
