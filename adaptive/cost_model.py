@@ -68,6 +68,10 @@ class CostModel(ABC):
         one go (dspark prices both every step)."""
         return self.target_by_n(size, context_tokens, batch_size), float(self.draft_time(draft_batch, context_tokens))
 
+    def ready(self) -> None:
+        """Bring tables rebuilt lazily after a correction up to date (the next query would). Default: no-op."""
+        return None
+
     def at_batch(self, batch_size: int) -> "CostModel":
         """The model as one step of `batch_size` sequences sees it, with the `StepCost` signature
         policies call (`target_time(N, ctx)`): itself, unless it prices step shapes (`ProfiledCost`

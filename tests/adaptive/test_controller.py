@@ -336,6 +336,8 @@ def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
     assert track.shape == (eng.stats.steps - 1, 6) and (track[:, [0, 3]] > 0).all()
     # nothing learned, then the first step's, capped at twice the prediction (0) + 1 ms: a first step pays one-off costs
     assert track[0, 2] == 0.0 and track[1, 2] == pytest.approx(min(over[0], 1e-3))
+    # filling cost_track is the benchmark's, timed apart from the controller's own time
+    assert eng.stats.track_s == pytest.approx(ctl.track_s) and ctl.track_s > 0 and eng.stats.control_s > 0
 
 
 class CostRecorder(DepthPolicy):
