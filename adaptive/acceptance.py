@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel
+from adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
 
 EPS = 1e-6
 IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
@@ -151,7 +151,9 @@ class AcceptanceModel:
         self.cat_shift = np.zeros(N_CATS)  # (C,) position 1's log-odds shift per category, as of the last refresh
         self.since_cat = 0  # counted observations since that refresh
         self.since_fit = 0  # counted observations since the last fit
-        self._plan_logit: dict[int, np.ndarray] = {}  # K -> logit(plan_rates(K)), until the next fit
+        # arrays computed from the rates, until their next refresh: ("logit", K) -> logit(plan_rates(K)),
+        # ("base", K) -> base_rates(K)[0], and "refit" -> the observations the next fit waits for
+        self._per_refresh: dict[Any, Any] = {}
         self._seq_row: dict[int, int] = {}  # sequence id -> row of seq_stats
         self.seq_stats = np.zeros((0, SEQ_COLS))  # (rows, SEQ_COLS)
         self._free_rows: list[int] = []
@@ -166,9 +168,8 @@ class AcceptanceModel:
 
     def _global_conf(self, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) global-model confidences, no per-sequence shift."""
-        w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
         zero = np.zeros(len(top1))
-        return calibrate_kernel(top1, entropy, w, zero, zero, EPS)  # 0 where top1 is 0
+        return calibrate_kernel(top1, entropy, self.weights, zero, zero, EPS)  # 0 where top1 is 0; weights as `calibrate`
 
     def rates(self, K: int) -> np.ndarray:
         """(K,) global conditional acceptance rate per position, as of the last fit."""
@@ -189,7 +190,13 @@ class AcceptanceModel:
             if len(self._shift_cache) > 64:
                 self._shift_cache.clear()
             rows = self._rows(ids)
-            out = self._shift_cache[key] = self._cat_shift(rows) if pred_cols == "cat" else self._shift(rows, pred_cols)
+            if pred_cols in ((2, 3), "cat"):  # calibrate reads both: one compiled call makes both
+                # = self._shift(rows, (2, 3)), self._cat_shift(rows)
+                both = seq_shift_kernel(rows, self.seq_stats, self.cat_shift, self.config.seq_strength, EPS, CAT)
+                self._shift_cache[((2, 3),) + key[1:]], self._shift_cache[("cat",) + key[1:]] = both
+                out = self._shift_cache[key]
+            else:
+                out = self._shift_cache[key] = self._shift(rows, pred_cols)
         return out
 
     def _cat_shift(self, rows: np.ndarray) -> np.ndarray:
@@ -235,7 +242,7 @@ class AcceptanceModel:
         self.global_rates[:] = rates
         self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
         self.state_n = sn.copy()
-        self._plan_logit.clear()
+        self._per_refresh.clear()
 
     def _shift(self, rows: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
         """(B,) log-odds shift from each sequence's Beta-Bernoulli posterior (0 when unknown)."""
@@ -266,9 +273,9 @@ class AcceptanceModel:
         top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
         shift = self._seq_shift(seq_ids, (2, 3))  # (B,)
         first = self._seq_shift(seq_ids, "cat")  # (B,) position 1 only
-        w = self.weights[self._pos(top1.shape[1])]  # (J, 4)
-        # = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None] (+ first at column 0)), 0.0)
-        return calibrate_kernel(top1, entropy, w, shift, first, EPS)
+        # = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None] (+ first at column 0)), 0.0),
+        # w = self.weights[self._pos(J)] (the kernel reads column j's weights from row min(j, P - 1))
+        return calibrate_kernel(top1, entropy, self.weights, shift, first, EPS)
 
     def prior_conf(self, seq_ids: np.ndarray, K: int) -> np.ndarray:
         """(B, K) history-based confidences before drafting.
@@ -293,9 +300,9 @@ class AcceptanceModel:
         then each inherits the rate of the one before. With a few thousand observations the bonus
         is below 0.01.
         """
-        base = self._plan_logit.get(K)  # the rates change only at a refresh: computed once per refresh
+        base = self._per_refresh.get(("logit", K))  # the rates change only at a refresh: computed once per refresh
         if base is None:
-            base = self._plan_logit[K] = _logit(self.plan_rates(K))  # (S, K)
+            base = self._per_refresh["logit", K] = _logit(self.plan_rates(K))  # (S, K)
         # = _sigmoid(base[state] + self._shift(rows, (4, 5))[:, None]), state the rows' CAT (0: unknown),
         # compiled: one call in place of ~15 array calls, which cost ~55 us a step after a forward
         return prior_kernel(self._rows(seq_ids), self.seq_stats, base, self.config.seq_strength, EPS, CAT)
@@ -354,7 +361,10 @@ class AcceptanceModel:
                                       zero, EPS)[:, 0]  # (B,) position 1 without its category shift
         rows = np.array([self._row_for(int(s)) for s in np.ravel(seq_ids)], np.int64)  # may grow seq_stats
         state = self.seq_stats[rows, CAT].astype(np.int64)  # (B,) before this step
-        g_rate = self.base_rates(J)[0][state]  # (B, J) the planning baseline
+        g_rate = self._per_refresh.get(("base", J))
+        if g_rate is None:
+            g_rate = self._per_refresh["base", J] = self.base_rates(J)[0]  # (S, J)
+        g_rate = g_rate[state]  # (B, J) the planning baseline
         self._shift_cache.clear()
         # the calibration tally, the sequences' histories, the per-state counts and the binned
         # statistics, in one compiled loop over the verified positions (`observe_kernel`)
@@ -365,7 +375,10 @@ class AcceptanceModel:
         self.since_cat += counted
         if self.since_cat >= self.config.cat_refresh:
             self._refresh()
-        if self.since_fit >= max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4):
+        refit = self._per_refresh.get("refit")
+        if refit is None:
+            refit = self._per_refresh["refit"] = max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4)
+        if self.since_fit >= refit:
             self.fit()  # every refit_every observations at first, then every quarter of the data seen
 
     def _age_idle(self, seq_ids: np.ndarray, idle: np.ndarray) -> None:
@@ -485,7 +498,7 @@ class AcceptanceModel:
             self.cat_shift = np.array(state["cat_shift"], np.float64).reshape(N_CATS)
             self.since_cat = int(state.get("since_cat", 0))
         self.since_fit = int(state["since_fit"])
-        self._plan_logit.clear()
+        self._per_refresh.clear()
         self._add_seqs(state)
         self.metrics[:] = state["metrics"]
         self.brier_sum[:] = state["brier_sum"]

@@ -32,11 +32,12 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
 
     Args:
         top1, entropy: (B, J) float64 features.
-        w: (J, 4) float64 per-column weights.
+        w: (P, 4) float64 weights of columns 0..P-1; columns past P - 1 take row P - 1.
         shift: (B,) float64 per-sequence log-odds shift.
         first_shift: (B,) float64 more log-odds for column 0 (position 1) only.
     """
     B, J = top1.shape
+    last = w.shape[0] - 1
     out = np.zeros((B, J))
     for r in range(B):
         for j in range(J):
@@ -50,7 +51,8 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
             h = entropy[r, j]
             if h < 0.0:
                 h = 0.0
-            z = w[j, 0] * math.log(t) - w[j, 1] * math.log1p(-t) + w[j, 2] * h + w[j, 3] + shift[r]
+            k = min(j, last)
+            z = w[k, 0] * math.log(t) - w[k, 1] * math.log1p(-t) + w[k, 2] * h + w[k, 3] + shift[r]
             if j == 0:
                 z += first_shift[r]
             if z < -30.0:
@@ -59,6 +61,27 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
                 z = 30.0
             out[r, j] = 1.0 / (1.0 + math.exp(-z))
     return out
+
+
+@njit(cache=True)
+def seq_shift_kernel(rows: np.ndarray, seq_stats: np.ndarray, cat_shift: np.ndarray, strength: float, eps: float,
+                     cat_col: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B,) `AcceptanceModel._shift(rows, (2, 3))` and (B,) `_cat_shift(rows)`: each sequence's
+    Beta-Bernoulli log-odds shift on columns (0, 1) against (2, 3) (0 when unknown, rows < 0, or
+    nothing observed yet), and its last-step category's shift (category 0 when unknown)."""
+    B = rows.shape[0]
+    shift, first = np.zeros(B), np.empty(B)
+    for r in range(B):
+        i, cat = rows[r], 0
+        if i >= 0:
+            cat = int(seq_stats[i, cat_col])
+            n = seq_stats[i, 0] + seq_stats[i, 1]
+            if n > 0:
+                g = seq_stats[i, 2] / max(seq_stats[i, 2] + seq_stats[i, 3], eps)
+                theta = (seq_stats[i, 0] + strength * g) / (n + strength)
+                shift[r] = _logit_at(theta) - _logit_at(g)
+        first[r] = cat_shift[cat]
+    return shift, first
 
 
 @njit(cache=True)

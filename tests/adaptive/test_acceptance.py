@@ -188,6 +188,35 @@ def test_prior_conf_kernel_matches_the_numpy_formula():
         assert got.shape == (len(ids), K) and len(np.unique(state)) > 2  # several states met
 
 
+def test_calibrate_matches_its_numpy_statement():
+    """`calibrate` (the shifts and the confidences compiled) against numpy: the per-sequence shift
+    `_shift(rows, (2, 3))`, the category shift `_cat_shift`, weights per column up to the last
+    position with its own regression, on a model that has observed ragged steps; sequences never
+    seen among them; repeated calls (the shifts cached within a step) give the same numbers."""
+    rng = np.random.default_rng(11)
+    m = AcceptanceModel(AcceptanceConfig(max_positions=4))
+    for step in range(60):
+        ids = rng.choice(40, 12, replace=False)
+        top1 = rng.uniform(0.05, 1, (12, 8))
+        d = rng.integers(0, 9, 12)
+        a = np.minimum(d, rng.integers(0, 9, 12))
+        top1[np.arange(8)[None, :] >= d[:, None]] = 0.0
+        m.observe(ids, top1, 1 - top1, d, a)
+    ids = np.concatenate([rng.choice(40, 30, replace=False), [1000, 1001]])  # two never seen
+    rows = m._rows(ids)
+    for J in (1, 4, 7):
+        top1 = rng.uniform(0, 1, (len(ids), J))
+        top1[rng.random(top1.shape) < 0.2] = 0.0
+        entropy = rng.uniform(0, 4, top1.shape)
+        z = _linear(top1, entropy, m.weights[m._pos(J)]) + m._shift(rows, (2, 3))[:, None]
+        z[:, 0] += m._cat_shift(rows)
+        ref = np.where(top1 > 0, _sigmoid(z), 0.0)
+        got = m.calibrate(ids, top1, entropy)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(m.calibrate(ids, top1, entropy), got)
+    assert (m._cat_shift(rows) != 0).any() and (m._shift(rows, (2, 3)) != 0).any()
+
+
 def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     """`AcceptanceModel.observe` written with numpy array calls (the implementation before its
     compiled kernel): the test's independent statement of the tallies."""
