@@ -52,6 +52,14 @@ def monotone_kernel(table: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
+def refresh_kernel(base_target: np.ndarray, target_logcorr: np.ndarray, base_draft: np.ndarray,
+                   draft_logcorr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`ProfiledCost._refresh`'s two corrected monotone tables in one call:
+    (monotone_kernel(base_target * exp(target_logcorr)), the same of the draft's)."""
+    return monotone_kernel(base_target * np.exp(target_logcorr)), monotone_kernel(base_draft * np.exp(draft_logcorr))
+
+
+@njit(cache=True)
 def row_kernel(table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray, ctx: float, far: float) -> np.ndarray:
     """(Nx + 1,) `_Interp.row`: the (Nc, Nx) table interpolated at context `ctx` (linear, clamped
     on the left, extrapolated on the right), then its value at x = `far` (the last segment

@@ -316,6 +316,21 @@ def test_compiled_refresh_and_rows_are_the_numpy_statements():
         x_ext = np.append(x_grid, _FAR) if shape[1] > 1 else np.array([0.0, _FAR])
         for ctx in (0.0, ctx_grid[0], ctx_grid.mean(), ctx_grid[-1], 3 * ctx_grid[-1]):
             np.testing.assert_array_equal(row_kernel(t, ctx_grid, x_ext, float(ctx), _FAR), _row(t, ctx_grid, x_ext, ctx))
+    # the refresh: both corrected tables in one call, and the model's interpolators follow them
+    from adaptive.cost_kernels import refresh_kernel
+    c = make_profiled()
+    for step in range(40):  # corrections on both tables
+        c.observe(int(rng.integers(1, 200)), int(rng.integers(0, 8000)), float(rng.uniform(5e-3, 0.05)),
+                  int(rng.integers(1, 64)), int(rng.integers(1, 4)), float(rng.uniform(1e-3, 0.02)), None)
+    t, d = refresh_kernel(c.base_target, c.target_logcorr, c.base_draft, c.draft_logcorr)
+    np.testing.assert_allclose(t, _monotone_fast(c.base_target * np.exp(c.target_logcorr)), rtol=1e-13)
+    np.testing.assert_allclose(d, _monotone_fast(c.base_draft * np.exp(c.draft_logcorr)), rtol=1e-13)
+    assert (c.target_logcorr != 0).any() and (c.draft_logcorr != 0).any()
+    c.target_time(57, 2500)
+    c.observe(57, 2500, 0.03, 8, 1, 0.004, None)  # a row cached at 2500, then the tables corrected
+    fresh = ProfiledCost.from_dict(c.to_dict())  # built from the same corrections, interpolators new
+    for n, ctx in ((3, 0), (57, 2500), (190, 7999), (500, 12000)):
+        assert c.target_time(n, ctx) == fresh.target_time(n, ctx) and c.draft_time(n % 64 + 1, ctx) == fresh.draft_time(n % 64 + 1, ctx)
 
 
 def test_a_decode_table_prices_each_step_in_its_own_shape():
