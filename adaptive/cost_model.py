@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adaptive.cost_kernels import by_n_kernel, monotone_kernel, prices_kernel, refresh_kernel, row_kernel
+from adaptive.cost_kernels import by_n_kernel, prices_kernel, refresh_kernel, row_kernel
 
 FORMAT = "specdepth-cost-v1"
 
