@@ -73,7 +73,7 @@ class Controller:
         self._asks_verify = (-1, True)  # (step, whether its `verify` is asked: `policy.verifies`)
         self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), with `time_verify`
         self._priors = Priors(None, np.zeros(0, np.int64), max_depth)  # the planning priors of the last `plan`
-        self._keep_conf: tuple[int, np.ndarray | None] = (-1, None)  # (step, its last keep_drafting confidences)
+        self._keep_conf = (-1, np.zeros((0, 0)))  # (step, its last keep_drafting confidences)
         self._last_conf, self._last_conf_step = np.zeros((0, 0)), -1  # the confidences verify computed, its step
 
     def step_cost(self, step: int, batch_size: int) -> Any:
@@ -159,7 +159,7 @@ class Controller:
             return None
 
         def keep(j: int, top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
-            conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, j)
+            conf = self._fresh_conf(seq_ids, top1, entropy)  # (B, j)
             self._keep_conf = (step, conf)  # the step's verify reuses it where drafting ended here
             val, ok = self._call("keep_drafting", self.policy.keep_drafting,
                                  DraftContext(step, seq_ids, budgets, drafted, conf, top1, entropy))
@@ -190,6 +190,10 @@ class Controller:
         callback computed, or computed now (the model has not learned since)."""
         if self._last_conf_step == step and self._last_conf.shape == np.shape(top1):
             return self._last_conf
+        return self._fresh_conf(seq_ids, top1, entropy)
+
+    def _fresh_conf(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+        """(B, J) the acceptance model's calibrated confidences now, 0 past each drafted length."""
         return self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
 
     def _calibrated(self, step: int, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
@@ -203,7 +207,7 @@ class Controller:
             conf = np.zeros(top1.shape)
             conf[:, :kept.shape[1]] = kept * (top1[:, :kept.shape[1]] > 0)
             return conf
-        return self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+        return self._fresh_conf(seq_ids, top1, entropy)
 
     def _causal_verify(self, step, seq_ids, context_lens, drafted, conf, top1) -> np.ndarray:
         """Ask the policy position by position; position j is decided from columns 1..j only."""
@@ -242,12 +246,12 @@ class Controller:
         if conf is None:
             conf = own = self.shown_conf(step, seq_ids, top1, entropy)
         elif conf.shape != top1.shape:
-            conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+            conf = self._fresh_conf(seq_ids, top1, entropy)
         self._priors.open = False  # the step's priors, if unread, are gone once it is learned from
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
         n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
         if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
-            getattr(self.cost, "ready", lambda: None)()  # tables the step's learning rebuilds anyway: timed
+            self.cost.ready()  # tables the step's learning rebuilds anyway: timed
             t = time.perf_counter()
             o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
             self.cost_track.append((float(self.cost.target_time(n_tok, ctx, len(seq_ids))) - o_step,

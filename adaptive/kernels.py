@@ -75,13 +75,22 @@ def seq_shift_kernel(rows: np.ndarray, seq_stats: np.ndarray, cat_shift: np.ndar
         i, cat = rows[r], 0
         if i >= 0:
             cat = int(seq_stats[i, cat_col])
-            n = seq_stats[i, 0] + seq_stats[i, 1]
-            if n > 0:
-                g = seq_stats[i, 2] / max(seq_stats[i, 2] + seq_stats[i, 3], eps)
-                theta = (seq_stats[i, 0] + strength * g) / (n + strength)
-                shift[r] = _logit_at(theta) - _logit_at(g)
+            shift[r] = _row_shift(seq_stats, i, 2, strength, eps)
         first[r] = cat_shift[cat]
     return shift, first
+
+
+@njit(cache=True)
+def _row_shift(seq_stats: np.ndarray, i: int, pred: int, strength: float, eps: float) -> float:
+    """`AcceptanceModel._shift` of seq_stats row i (known): the Beta-Bernoulli log-odds shift of
+    its accepted / rejected counts (columns 0, 1) against the predictions in columns (pred, pred + 1);
+    0 with nothing observed yet."""
+    n = seq_stats[i, 0] + seq_stats[i, 1]
+    if not n > 0:
+        return 0.0
+    g = seq_stats[i, pred] / max(seq_stats[i, pred] + seq_stats[i, pred + 1], eps)
+    theta = (seq_stats[i, 0] + strength * g) / (n + strength)
+    return _logit_at(theta) - _logit_at(g)
 
 
 @njit(cache=True)
@@ -111,11 +120,7 @@ def prior_kernel(rows: np.ndarray, seq_stats: np.ndarray, base: np.ndarray, stre
         i = rows[r]
         if i >= 0:
             state = int(seq_stats[i, cat_col])
-            n = seq_stats[i, 0] + seq_stats[i, 1]
-            if n > 0:
-                g = seq_stats[i, 4] / max(seq_stats[i, 4] + seq_stats[i, 5], eps)
-                theta = (seq_stats[i, 0] + strength * g) / (n + strength)
-                shift = _logit_at(theta) - _logit_at(g)
+            shift = _row_shift(seq_stats, i, 4, strength, eps)
         for j in range(K):
             z = min(max(base[state, j] + shift, -30.0), 30.0)
             out[r, j] = 1.0 / (1.0 + math.exp(-z))

@@ -166,18 +166,24 @@ def test_calibrate_kernel_matches_the_numpy_formula():
                                    ref[:, :1], rtol=1e-12, atol=1e-15)
 
 
-def test_prior_conf_kernel_matches_the_numpy_formula():
-    """`prior_conf` (compiled) against its numpy statement, on a model that has observed ragged
-    steps of known sequences, with sequences it has never seen among them."""
-    rng = np.random.default_rng(8)
-    m = AcceptanceModel()
-    for step in range(60):
+def ragged_model(rng: np.random.Generator, config: AcceptanceConfig | None = None) -> AcceptanceModel:
+    """A model that has observed 60 ragged steps of 12 of 40 known sequences (ids 0..39)."""
+    m = AcceptanceModel(config) if config else AcceptanceModel()
+    for _ in range(60):
         ids = rng.choice(40, 12, replace=False)
         top1 = rng.uniform(0.05, 1, (12, 8))
         d = rng.integers(0, 9, 12)
         a = np.minimum(d, rng.integers(0, 9, 12))
         top1[np.arange(8)[None, :] >= d[:, None]] = 0.0
         m.observe(ids, top1, 1 - top1, d, a)
+    return m
+
+
+def test_prior_conf_kernel_matches_the_numpy_formula():
+    """`prior_conf` (compiled) against its numpy statement, on a model that has observed ragged
+    steps of known sequences, with sequences it has never seen among them."""
+    rng = np.random.default_rng(8)
+    m = ragged_model(rng)
     ids = np.concatenate([rng.choice(40, 30, replace=False), [1000, 1001]])  # two never seen
     for K in (1, 8, 12):
         rows = m._rows(ids)
@@ -194,14 +200,7 @@ def test_calibrate_matches_its_numpy_statement():
     position with its own regression, on a model that has observed ragged steps; sequences never
     seen among them; repeated calls (the shifts cached within a step) give the same numbers."""
     rng = np.random.default_rng(11)
-    m = AcceptanceModel(AcceptanceConfig(max_positions=4))
-    for step in range(60):
-        ids = rng.choice(40, 12, replace=False)
-        top1 = rng.uniform(0.05, 1, (12, 8))
-        d = rng.integers(0, 9, 12)
-        a = np.minimum(d, rng.integers(0, 9, 12))
-        top1[np.arange(8)[None, :] >= d[:, None]] = 0.0
-        m.observe(ids, top1, 1 - top1, d, a)
+    m = ragged_model(rng, AcceptanceConfig(max_positions=4))
     ids = np.concatenate([rng.choice(40, 30, replace=False), [1000, 1001]])  # two never seen
     rows = m._rows(ids)
     for J in (1, 4, 7):
