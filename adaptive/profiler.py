@@ -111,6 +111,8 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
         draft_batch_grid, repeats = QUICK["draft_batch_grid"], QUICK["repeats"]
         max_repeats = repeats
     device = torch.device(device) if device is not None else target.device
+    if device.type == "cuda" and device.index is None:  # "cuda": the current CUDA device, as torch places models
+        device = torch.device("cuda", torch.cuda.current_device())
     if target.device != device or draft.device != device:
         raise ValueError(f"models are on {target.device} / {draft.device}, not {device}")
     if repeats < 1 or tokens_per_seq < 1 or min(token_grid) < 1 or min(draft_batch_grid) < 1:

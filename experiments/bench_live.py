@@ -243,16 +243,17 @@ def main() -> None:
     ap.add_argument("--warm-steps", type=int, default=64,
                     help="untimed steps every policy serves at each batch size before its rounds (0: none; see `warm_at`)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the pair runs: cpu (the README's figures), cuda, ...")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; spaces not allowed")
     ap.add_argument("--solo", type=int, default=1,
                     help="solo runs of dspark per batch size, each alone on the machine (0: none; see `solo_runs`)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load_pair(device="cpu")
+    pair = load_pair(device=args.device)
     tok = pair.tokenizer
     allp = [tok.encode(p) for p in heldout_prompts()]
     warm, prompts = allp[-args.warmup:], allp[:-args.warmup]
-    cost = build_cost("auto", pair, "cpu")
+    cost = build_cost("auto", pair, args.device)
     t0 = time.perf_counter()
     acc, cost = warm_up(pair, warm, cost)
     print(f"warm-up: {len(warm)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)

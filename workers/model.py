@@ -152,7 +152,8 @@ class Attention(nn.Module):
         rep = cfg.n_heads // cfg.n_kv_heads
         qg = q.transpose(1, 2).reshape(B, cfg.n_kv_heads, rep * T, hd)  # (Bp, nkv, rep*Tp, hd)
         y = F.scaled_dot_product_attention(qg, keys, values, attn_mask=part.mask)  # (Bp, nkv, rep*Tp, hd)
-        return y.view(B, cfg.n_heads, T, hd).transpose(1, 2).reshape(B, T, cfg.n_heads * hd)
+        # reshape, not view: a CUDA attention kernel may return y in another memory layout
+        return y.reshape(B, cfg.n_heads, T, hd).transpose(1, 2).reshape(B, T, cfg.n_heads * hd)
 
 
 class MLP(nn.Module):
