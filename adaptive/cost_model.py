@@ -628,14 +628,23 @@ class ProfiledCost(CostModel):
         13 ms against a profiled 4.4 ms, so drafting looked half its price. The per-cell
         correction, bounded for robustness, needs ~70 drafting steps to fix that, and a policy
         that drafts now and then never gives it as many: this log-ratio is a running mean of
-        log(observed / predicted) over the drafting steps (each clipped to +-log 4; memory
-        2 / lr drafting steps), applied to every draft pass."""
+        log(observed / predicted) over the drafting steps (each clipped to +-log 4), applied to
+        every draft pass. Its memory is 2 / lr *steps*, drafting or not: `draft_steps` is the
+        weight of the drafting steps seen, decayed by 1 - lr / 2 at every step (`observe`), and a
+        new one weighs 1 / (1 + draft_steps): 1 / n over the first n steps when all draft, lr / 2
+        once many have. Counted in drafting steps alone, a policy that stopped drafting
+        because the ratio priced the pass too dear kept that ratio: the odd pass it then drafts
+        to check (dspark's `_trying`) moved it by lr / 2 of its error. On the bundled pair at
+        batch 1, a ratio set 3x too high kept dspark from drafting for a whole 384-step round
+        (0.84x static k = 1); now a drafting step after 16 steps without one weighs ~0.1, after
+        64 ~0.6, and dspark drafted again within ~100 steps (0.95x static k = 1 over the round)."""
         if not (math.isfinite(observed) and observed > 0 and predicted > 0):
             return
+        w = 1.0 / (1.0 + self.draft_steps)
         self.draft_steps += 1
         bound = math.log(4.0)
         r = min(max(math.log(observed / predicted), -bound), bound)
-        self.draft_ratio_logcorr += max(self.lr / 2, 1.0 / self.draft_steps) * r
+        self.draft_ratio_logcorr += w * r
 
     def _overhead_bucket(self, batch_size: int) -> None:
         """Switch the overhead line to `batch_size`'s bucket (batch sizes of one power of two).
@@ -694,6 +703,7 @@ class ProfiledCost(CostModel):
         The target pass is predicted at the step's `batch_size` (0: not known)."""
         if self.frozen:
             return
+        self.draft_steps *= 1.0 - self.lr / 2  # every step ages the draft ratio's evidence (`_learn_draft_ratio`)
         if overhead_s is not None and math.isfinite(overhead_s):
             if batch_size > 0:
                 self._overhead_bucket(batch_size)

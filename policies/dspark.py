@@ -91,6 +91,8 @@ class _Gate:
 
     probe_wait: int = 0  # drafting plans since the last weighing
     probe_every: int = PROBE_EVERY  # plans between weighings: doubles with each probe, up to PROBE_MAX
+    try_wait: int = 0  # plans drafting nothing since the last one tried (see `DSpark._trying`)
+    try_every: int = PROBE_EVERY  # such plans between tries: doubles with each, up to PROBE_MAX
     ask_gain: float = 0.0  # the measured gain of asking (see `DSpark.observe`)...
     ask_se: float = 0.0  # ...and its standard error
     ask_n: int = 0  # steps that asked
@@ -148,8 +150,9 @@ class DSpark(DepthPolicy):
             the next h, for some h <= lookahead). On the replays 8 did no better than 1.
         weigh_asks: with `dynamic`, draft dynamically (asking `keep_drafting`) only while doing
             so has measured a gain over drafting the plan's budgets (see `_asking`).
-        probe: now and then draft nothing where drafting is predicted to gain little, so the
-            cost model sees the step it would otherwise never take (see `_probing`).
+        probe: now and then draft nothing where drafting is predicted to gain little, and one
+            position where the plan drafts nothing, so the cost model sees the step it would
+            otherwise never take (see `_probing`, `_trying`).
         weigh_verify: skip `verify` on steps drafting the plan's budgets while asking it costs
             more time than it has saved (see `_verifying`).
         follow_plan: where drafting dynamically has not paid, draft the plan's budgets (False:
@@ -210,9 +213,13 @@ class DSpark(DepthPolicy):
         gate = self._gates.get(B.bit_length())
         if gate is None:
             gate = self._gates[B.bit_length()] = _Gate()
+        tried = False  # a plan of nothing, drafted one deep (`_trying`): drafted as it is, nothing asked
         if deepest > 0 and self.probe and ctx.cost_learns and self._probing(gate, ctx, budgets, int(deepest), prices):
             budgets[:], deepest = 0, 0
-        if self.dynamic and deepest > 0 and self._asking(gate, ctx.step):
+        elif deepest == 0 and self.probe and ctx.cost_learns and self._trying(gate):
+            budgets[np.asarray(ctx.prior_conf)[:, 0] > 0] = 1
+            deepest, tried = int(budgets.max(initial=0)), True
+        if self.dynamic and deepest > 0 and not tried and self._asking(gate, ctx.step):
             # what the step would draft with `keep_drafting` not asked: the measure's other arm
             self._fixed_budgets = budgets.copy() if self.follow_plan else np.minimum(budgets, 1)
             budgets[budgets > 0], deepest = K, K
@@ -223,7 +230,9 @@ class DSpark(DepthPolicy):
                 np.minimum(budgets, 1, out=budgets)
                 deepest = 1
             self._fixed_step = ctx.step
-            if self.weigh_verify and ctx.cost_learns and not self._verifying(gate.verify_fixed):
+            # a try verifies what it drafted, unasked: it is there to be measured as drafted (and a
+            # causal `verify` over a large batch costs ~1 ms of controller time on the CPU pair)
+            if self.weigh_verify and ctx.cost_learns and (tried or not self._verifying(gate.verify_fixed)):
                 self._skip_verify = ctx.step
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
@@ -255,6 +264,33 @@ class DSpark(DepthPolicy):
         if not self._small_gain(ctx, budgets, deepest, prices):
             return False
         gate.probe_every = min(2 * gate.probe_every, PROBE_MAX)
+        return True
+
+    @staticmethod
+    def _trying(gate: _Gate) -> bool:
+        """Whether a plan that drafts nothing drafts one position for every sequence anyway, so
+        the cost model sees a drafting step at this load: `_probing` the other way round.
+
+        A plan drafts nothing where the step's prices say a draft pass costs more than the tokens
+        it would give, and a cost model learns online only the steps a policy takes: if those
+        prices are wrong (a profile's draft pass timed apart from the engine's, a ratio learned
+        at another load), a plan that never drafts never shows the model the step that would
+        correct them, and stays at `off` for good. On the bundled CPU pair at batch 1, with the
+        draft pass priced 3x too dear, dspark did not draft once in a 384-step round (0.84x static
+        k = 1); with these tries (and the cost model's draft ratio weighing a drafting step by the
+        steps since the last, `ProfiledCost._learn_draft_ratio`) it drafted every step from about
+        step 100 on (0.95x over the round). So after `PROBE_EVERY` plans of nothing in a
+        batch-size bucket one is drafted one deep (static k = 1's step, decided before any draft:
+        lossless as any plan), then ever more rarely (the spacing doubles up to `PROBE_MAX`, as
+        `_probing`'s): where drafting is truly dear, the tries cost one such step in 16, then in
+        256 (on the H200 with the bundled pair at batch 1, where the engine's host-bound draft
+        pass cost about a target pass and static k = 1 ran at 0.6x `off`, dspark tried once in a
+        384-step round and stayed at `off`). Only where the cost model learns: never in a replay."""
+        gate.try_wait += 1
+        if gate.try_wait < gate.try_every:
+            return False
+        gate.try_wait = 0
+        gate.try_every = min(2 * gate.try_every, PROBE_MAX)
         return True
 
     def _verifying(self, worth: _VerifyWorth) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -302,6 +303,31 @@ def test_profiled_learns_the_engine_s_draft_pass_quickly():
     assert c.target_time(24, 2000) == pytest.approx(make_profiled().target_time(24, 2000), rel=0.1)  # the target's stays
     back = CostModel.from_dict(c.to_dict())
     assert back.draft_time(8, 2000) == pytest.approx(c.draft_time(8, 2000))
+
+
+def test_the_draft_ratio_s_evidence_ages_with_the_steps_not_the_drafting_steps():
+    """A drafting step after many that drafted nothing weighs ~as much as the ratio's memory has
+    forgotten: a policy that stopped drafting on a pass priced too dear corrects the price from
+    the odd pass it drafts to check (dspark's `_trying`), instead of lr / 2 of the error at a time."""
+    c = make_profiled()
+    pure = c.draft_time(8, 2000)
+    for _ in range(100):  # the engine's pass took 3x the profile's
+        c.observe(24, 2000, c.target_time(24, 2000), 8, 2, 2 * 3 * pure)
+    assert c.draft_time(8, 2000) == pytest.approx(3 * pure, rel=0.01)
+
+    def weight(gap: int) -> float:
+        """The share of its error a drafting step at the profile's time corrects, after `gap` steps without drafting."""
+        m = copy.deepcopy(c)
+        for _ in range(gap):
+            m.observe(9, 2000, m.target_time(9, 2000), 8, 0, 0.0)
+        r0, err = m.draft_ratio_logcorr, math.log(pure / m._pass_time(8, 2000))
+        m.observe(24, 2000, m.target_time(24, 2000), 8, 2, 2 * pure)
+        return (m.draft_ratio_logcorr - r0) / err
+
+    assert weight(0) == pytest.approx(0.05, abs=0.002)  # steady drafting: lr / 2 (memory 2 / lr steps)
+    assert weight(16) == pytest.approx(0.107, abs=0.005)
+    assert weight(64) > 0.55  # counted in drafting steps alone: 0.05 again
+    assert weight(1000) > 0.999
 
 
 def test_compiled_refresh_and_rows_are_the_numpy_statements():

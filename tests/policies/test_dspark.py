@@ -408,6 +408,36 @@ def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_le
     assert probes(0.2, True, probe=False) == []
 
 
+def test_a_plan_of_nothing_is_tried_one_deep_now_and_then_where_the_cost_model_learns() -> None:
+    """The other way round: where drafting is priced too dear to pay, a plan now and then drafts
+    one position for every sequence with a positive prior anyway, so a learning cost model sees a
+    drafting step (else a mispriced draft keeps the policy at `off` for good); after PROBE_EVERY
+    plans of nothing, the spacing doubling up to PROBE_MAX, per bucket; drafted and verified as
+    planned (`keep_drafting` and `verify` not asked); never in a replay, never with probe=False."""
+    from policies.dspark import PROBE_EVERY, PROBE_MAX
+    dear = LinearCost(target_s=0.020, draft_s=0.030)  # a draft pass dearer than the step it extends
+
+    def tries(learns: bool, steps: int = 2 * PROBE_EVERY, policy: DSpark | None = None, batch: int = 4,
+              conf: float | np.ndarray = 0.8, **params) -> list[tuple[int, list[int], bool]]:
+        policy, out = policy or DSpark(**params), []
+        for step in range(steps):
+            b = policy.plan(replace(make_plan_ctx(batch, step=step, prior_conf=conf, cost=dear), cost_learns=learns))
+            if b.any():
+                out.append((step, b.tolist(), policy.drafts_dynamically(step)))
+                assert not policy.verifies(step)  # verified as drafted, `verify` not asked
+        return out
+
+    P = PROBE_EVERY
+    policy = DSpark()
+    assert tries(True, 40 * P, policy) == [(s, [1] * 4, False) for s in (P - 1, 3 * P - 1, 7 * P - 1, 15 * P - 1, 31 * P - 1)]
+    assert [s for s, _, _ in tries(True, 16 * P, policy)] == [31 * P - 1 + PROBE_MAX - 40 * P]  # spacing capped
+    assert [s for s, _, _ in tries(True, 2 * P, policy, batch=16)] == [P - 1]  # another bucket: its own spacing
+    conf = np.full((4, 8), 0.8)
+    conf[1] = 0.0  # no chance at all: never drafted
+    assert tries(True, conf=conf) == [(P - 1, [1, 0, 1, 1], False)]
+    assert tries(False) == [] and tries(True, probe=False) == []
+
+
 def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     """Going on past the first position gains in rare long streaks and loses a little on most
     steps (the bundled pair at batch 1). A steady 7% loss stops it after ASK_EVIDENCE asked steps,
