@@ -126,7 +126,10 @@ class _Prices:
     def pass_k(self) -> np.ndarray:
         """(n,) a draft pass of k = 1..n rows, linear in k between the two measured ends (for
         keep_drafting only: most steps never ask it)."""
-        n, one = self.key[2], float(self.cost.draft_time(1, self.context))
+        n = self.key[2]
+        if n == 1:  # the one row is the whole batch: draft_all is draft_time(1), the same number
+            return np.array([self.draft_all])
+        one = float(self.cost.draft_time(1, self.context))
         return one + (self.draft_all - one) * np.arange(n) / max(n - 1, 1)
 
     def target_at(self, n_tokens: np.ndarray) -> np.ndarray:

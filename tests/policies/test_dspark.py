@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -536,3 +537,15 @@ def test_verify_is_weighed_apart_on_steps_drafting_dynamically() -> None:
     assert all(asked[:n]) and not any(asked[n:n + VERIFY_PROBE - 1]) and asked[n + VERIFY_PROBE - 1]
     gate = policy._gates[2]
     assert gate.verify_dynamic.n == n + 2 and gate.verify_dynamic.saved == 0.0 and gate.verify_fixed.n == 0
+
+
+def test_the_prices_draft_pass_by_rows_is_the_cost_model_s_line() -> None:
+    """keep_drafting's pass of k = 1..B rows: linear between the cost model's draft_time(1) and
+    draft_time(B), the same numbers at B = 1 without asking the model again."""
+    from adaptive.cost_model import load_cost
+    from policies.dspark import _Prices
+    cost = load_cost(Path(__file__).resolve().parents[2] / "experiments" / "profiles" / "cpu-bundled.json")
+    for b, ctx in ((1, 0), (1, 300), (4, 300), (64, 9000)):
+        view = cost.at_batch(b)
+        one, all_ = float(view.draft_time(1, ctx)), float(view.draft_time(b, ctx))
+        assert _Prices(0, view, ctx, b, 8).pass_k.tolist() == (one + (all_ - one) * np.arange(b) / max(b - 1, 1)).tolist()
