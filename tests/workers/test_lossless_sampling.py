@@ -42,14 +42,15 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, po
     batch = 2000
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed)
     out, step = [], 0
+
+    def leaking_verify(top1, ent, drafted):  # decides whether to verify x_1 after looking at it: NOT lossless
+        return np.where(runner.last_draft_tokens[:, 0] == 0, 1, 0)
+
     for _ in range(N_SAMPLES // batch):
         slots = np.array(runner.add_many([PROMPT] * batch))
         while min(len(runner.seqs[s]) for s in slots) < len(PROMPT) + LATER:
             budgets = np.full(batch, depth)
-            verify_fn = None
-            if leak:  # decides whether to verify x_1 after looking at it: NOT lossless
-                def verify_fn(top1, ent, drafted):
-                    return np.where(runner.last_draft_tokens[:, 0] == 0, 1, 0)
+            verify_fn = leaking_verify if leak else None
             if policy is not None:
                 ids = slots.astype(np.int64)
                 lens = np.array([len(runner.seqs[s]) for s in slots])
