@@ -89,3 +89,32 @@ def test_last_token_logits_are_the_full_logits_last_rows(n_new):
     assert last.shape == (B, CFG.vocab_size)
     assert (full[torch.arange(B), n - 1] - last).abs().max().item() <= 1e-5
     assert lens[0] == lens[1] == [5 + k for k in n_new]
+
+
+@pytest.mark.parametrize("n_new", [[3, 3, 3], [1, 3, 2]], ids=["full", "ragged"])
+def test_attention_takes_the_kernel_s_output_in_any_memory_layout(n_new, monkeypatch):
+    """A CUDA attention kernel may return its (B, H, T, D) output stored as (B, T, H, D): the
+    model must not assume a layout (the first run on a GPU raised "view size is not compatible
+    with input tensor's size and stride" there). The same values in the other layout give the
+    same logits."""
+    B, T = len(n_new), max(n_new)
+    gen = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, CFG.vocab_size, (B, 5), generator=gen)
+    x = torch.randint(0, CFG.vocab_size, (B, T), generator=gen)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            cache = KVCache(CFG.n_layers, B, CFG.n_kv_heads, CFG.hd, CFG.max_seq_len, torch.float32, "cpu")
+            slots = torch.tensor([cache.allocate() for _ in range(B)])
+            MODEL(cache, slots, prefix, torch.full((B,), 5), logits=False)
+            return MODEL(cache, slots, x, torch.tensor(n_new))
+
+    plain = run()
+
+    def other_layout(*args, **kwargs) -> torch.Tensor:
+        y = sdpa(*args, **kwargs)  # (B, H, T, D)
+        return y.transpose(1, 2).contiguous().transpose(1, 2)  # same values, stored (B, T, H, D)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", other_layout)
+    assert torch.equal(run(), plain)
