@@ -82,17 +82,36 @@ class _VerifyWorth:
 
 
 @dataclass
+class _Spacing:
+    """Plans between two probes of one kind (`DSpark._probing`, `DSpark._trying`): the first after
+    PROBE_EVERY, the spacing doubling with each probe made, up to PROBE_MAX."""
+
+    wait: int = 0  # plans since the last weighed
+    every: int = PROBE_EVERY
+
+    def due(self) -> bool:
+        """Count a plan; True (and start counting again) once `every` have been."""
+        self.wait += 1
+        if self.wait < self.every:
+            return False
+        self.wait = 0
+        return True
+
+    def back_off(self) -> None:
+        """A probe was made: the next comes twice as far, up to PROBE_MAX."""
+        self.every = min(2 * self.every, PROBE_MAX)
+
+
+@dataclass
 class _Gate:
     """What dspark has measured at one batch-size bucket (batch sizes of one power of two, as the
     cost model's overhead lines): the worth of drafting dynamically, asking `keep_drafting`
-    (`DSpark._asking`), the spacing of its probes (`DSpark._probing`) and the worth of asking
+    (`DSpark._asking`), the spacing of its probes and tries (`DSpark._probing`, `_trying`) and the worth of asking
     `verify` (`DSpark._verifying`). Asking pays at batch 1 on the bundled pair and loses at 16, and `verify` saves little at batch 4 and more at 64, so one measure across a
     batch that moves would follow the batch instead of the question."""
 
-    probe_wait: int = 0  # drafting plans since the last weighing
-    probe_every: int = PROBE_EVERY  # plans between weighings: doubles with each probe, up to PROBE_MAX
-    try_wait: int = 0  # plans drafting nothing since the last one tried (see `DSpark._trying`)
-    try_every: int = PROBE_EVERY  # such plans between tries: doubles with each, up to PROBE_MAX
+    probes: _Spacing = field(default_factory=_Spacing)  # drafting plans weighed for a probe (`DSpark._probing`)
+    tries: _Spacing = field(default_factory=_Spacing)  # plans of nothing, for a try (`DSpark._trying`)
     ask_gain: float = 0.0  # the measured gain of asking (see `DSpark.observe`)...
     ask_se: float = 0.0  # ...and its standard error
     ask_n: int = 0  # steps that asked
@@ -260,13 +279,11 @@ class DSpark(DepthPolicy):
         plan's gain, up to 10% of a step. At a fixed 1 in 16 that was ~1% of throughput at batch 4
         on the bundled pair (live A/B), now ~0.1% once a few probes have been made. Only where
         the cost model learns (`PlanContext.cost_learns`): never in a replay."""
-        gate.probe_wait += 1
-        if gate.probe_wait < gate.probe_every:
+        if not gate.probes.due():
             return False
-        gate.probe_wait = 0  # this plan is weighed (the weighing costs ~10 us live)
-        if not self._small_gain(ctx, budgets, deepest, prices):
+        if not self._small_gain(ctx, budgets, deepest, prices):  # this plan is weighed (~10 us live)
             return False
-        gate.probe_every = min(2 * gate.probe_every, PROBE_MAX)
+        gate.probes.back_off()
         return True
 
     @staticmethod
@@ -289,11 +306,9 @@ class DSpark(DepthPolicy):
         256 (on the H200 with the bundled pair at batch 1, where the engine's host-bound draft
         pass cost about a target pass and static k = 1 ran at 0.6x `off`, dspark tried once in a
         384-step round and stayed at `off`). Only where the cost model learns: never in a replay."""
-        gate.try_wait += 1
-        if gate.try_wait < gate.try_every:
+        if not gate.tries.due():
             return False
-        gate.try_wait = 0
-        gate.try_every = min(2 * gate.try_every, PROBE_MAX)
+        gate.tries.back_off()
         return True
 
     def _verifying(self, worth: _VerifyWorth) -> bool:
