@@ -88,6 +88,7 @@ class _Spacing:
 
     wait: int = 0  # plans since the last weighed
     every: int = PROBE_EVERY
+    held: int = 0  # plans a due probe has waited for a moment to be made (`hold`)
 
     def due(self) -> bool:
         """Count a plan; True (and start counting again) once `every` have been."""
@@ -97,9 +98,13 @@ class _Spacing:
         self.wait = 0
         return True
 
+    def hold(self) -> None:
+        """A due probe was not made this plan: due again at the next."""
+        self.wait, self.held = self.every - 1, self.held + 1
+
     def back_off(self) -> None:
         """A probe was made: the next comes twice as far, up to PROBE_MAX."""
-        self.every = min(2 * self.every, PROBE_MAX)
+        self.every, self.held = min(2 * self.every, PROBE_MAX), 0
 
 
 @dataclass
@@ -209,6 +214,7 @@ class DSpark(DepthPolicy):
         self._gates: dict[int, _Gate] = {}  # batch-size bucket (B.bit_length()) -> its measures
         self._asking_now = -1  # the step asking `keep_drafting` now (-1: none)...
         self._asking_gate = _Gate()  # ...and its bucket's measures
+        self._last_ids = np.zeros(0, np.int64)  # the last plan's sequences (see `_trying`)
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns` (see `_ask_parts`)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         self._plan_key: tuple[int, int, int] | None = None  # its prices' key
@@ -238,8 +244,8 @@ class DSpark(DepthPolicy):
         tried = False  # a plan of nothing, drafted one deep (`_trying`): drafted as it is, nothing asked
         if deepest > 0 and self.probe and ctx.cost_learns and self._probing(gate, ctx, budgets, int(deepest), prices):
             budgets[:], deepest = 0, 0
-        elif deepest == 0 and self.probe and ctx.cost_learns and self._trying(gate):
-            budgets[np.asarray(ctx.prior_conf)[:, 0] > 0] = 1
+        elif deepest == 0 and self.probe and ctx.cost_learns and (rows := self._trying(gate, ctx.seq_ids)) is not None:
+            budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
             deepest, tried = int(budgets.max(initial=0)), True
         if self.dynamic and deepest > 0 and not tried and self._asking(gate, ctx.step):
             # what the step would draft with `keep_drafting` not asked: the measure's other arm
@@ -258,6 +264,7 @@ class DSpark(DepthPolicy):
                 self._skip_verify = ctx.step
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
+        self._last_ids = ctx.seq_ids
         return budgets
 
     def _probing(self, gate: _Gate, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
@@ -286,10 +293,10 @@ class DSpark(DepthPolicy):
         gate.probes.back_off()
         return True
 
-    @staticmethod
-    def _trying(gate: _Gate) -> bool:
-        """Whether a plan that drafts nothing drafts one position for every sequence anyway, so
-        the cost model sees a drafting step at this load: `_probing` the other way round.
+    def _trying(self, gate: _Gate, seq_ids: np.ndarray) -> np.ndarray | None:
+        """(B,) bool: the sequences a plan that drafts nothing drafts one position for anyway, so
+        the cost model sees a drafting step at this load (None: not this plan): `_probing` the
+        other way round.
 
         A plan drafts nothing where the step's prices say a draft pass costs more than the tokens
         it would give, and a cost model learns online only the steps a policy takes: if those
@@ -305,11 +312,26 @@ class DSpark(DepthPolicy):
         `_probing`'s): where drafting is truly dear, the tries cost one such step in 16, then in
         256 (on the H200 with the bundled pair at batch 1, where the engine's host-bound draft
         pass cost about a target pass and static k = 1 ran at 0.6x `off`, dspark tried once in a
-        384-step round and stayed at `off`). Only where the cost model learns: never in a replay."""
+        384-step round and stayed at `off`).
+
+        A try drafts for the sequences new since the last plan: their draft caches hold all they
+        have (prefilled with the prompt), while a sequence that has not drafted for a while makes
+        its first draft pass catch up on every token since (`PairRunner._draft`). At batch 64 on
+        the bundled CPU pair, where `off` was the best depth and dspark planned nothing, a try of
+        every sequence after ~40 steps of `off` spent 82 ms in that pass (7.5 ms one step after
+        the last draft), about two steps' time for one step's tokens: ~2% of a 96-step round, and
+        a step whose draft pass the cost model clips as an outlier rather than learns from. A due
+        try waits for a plan with newcomers, for up to `PROBE_EVERY` plans; then (a batch that
+        keeps its sequences: batch 1, long requests) it drafts for every sequence, as before. Only
+        where the cost model learns: never in a replay."""
         if not gate.tries.due():
-            return False
+            return None
+        new = ~np.isin(seq_ids, self._last_ids)
+        if not new.any() and gate.tries.held < PROBE_EVERY:
+            gate.tries.hold()
+            return None
         gate.tries.back_off()
-        return True
+        return new if new.any() else np.ones(len(seq_ids), bool)
 
     def _verifying(self, worth: _VerifyWorth) -> bool:
         """Whether this step asks `verify` (else every drafted token is verified), by its worth on

@@ -411,32 +411,61 @@ def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_le
 
 def test_a_plan_of_nothing_is_tried_one_deep_now_and_then_where_the_cost_model_learns() -> None:
     """The other way round: where drafting is priced too dear to pay, a plan now and then drafts
-    one position for every sequence with a positive prior anyway, so a learning cost model sees a
-    drafting step (else a mispriced draft keeps the policy at `off` for good); after PROBE_EVERY
-    plans of nothing, the spacing doubling up to PROBE_MAX, per bucket; drafted and verified as
-    planned (`keep_drafting` and `verify` not asked); never in a replay, never with probe=False."""
+    one position anyway, so a learning cost model sees a drafting step (else a mispriced draft
+    keeps the policy at `off` for good); after PROBE_EVERY plans of nothing, the spacing doubling
+    up to PROBE_MAX, per bucket; drafted and verified as planned (`keep_drafting` and `verify` not
+    asked); never in a replay, never with probe=False. A try drafts for the sequences new since
+    the last plan (with a positive prior), whose draft caches hold all they have; see the next test
+    for a batch with none."""
     from policies.dspark import PROBE_EVERY, PROBE_MAX
     dear = LinearCost(target_s=0.020, draft_s=0.030)  # a draft pass dearer than the step it extends
 
     def tries(learns: bool, steps: int = 2 * PROBE_EVERY, policy: DSpark | None = None, batch: int = 4,
               conf: float | np.ndarray = 0.8, **params) -> list[tuple[int, list[int], bool]]:
+        """Plans of `batch` sequences, one of which is new at every step (the last row)."""
         policy, out = policy or DSpark(**params), []
         for step in range(steps):
-            b = policy.plan(replace(make_plan_ctx(batch, step=step, prior_conf=conf, cost=dear), cost_learns=learns))
+            ids = np.arange(step, step + batch)
+            b = policy.plan(replace(make_plan_ctx(batch, step=step, seq_ids=ids, prior_conf=conf, cost=dear),
+                                    cost_learns=learns))
             if b.any():
                 out.append((step, b.tolist(), policy.drafts_dynamically(step)))
                 assert not policy.verifies(step)  # verified as drafted, `verify` not asked
         return out
 
-    P = PROBE_EVERY
+    P, new = PROBE_EVERY, [0, 0, 0, 1]
     policy = DSpark()
-    assert tries(True, 40 * P, policy) == [(s, [1] * 4, False) for s in (P - 1, 3 * P - 1, 7 * P - 1, 15 * P - 1, 31 * P - 1)]
+    assert tries(True, 40 * P, policy) == [(s, new, False) for s in (P - 1, 3 * P - 1, 7 * P - 1, 15 * P - 1, 31 * P - 1)]
     assert [s for s, _, _ in tries(True, 16 * P, policy)] == [31 * P - 1 + PROBE_MAX - 40 * P]  # spacing capped
     assert [s for s, _, _ in tries(True, 2 * P, policy, batch=16)] == [P - 1]  # another bucket: its own spacing
     conf = np.full((4, 8), 0.8)
-    conf[1] = 0.0  # no chance at all: never drafted
-    assert tries(True, conf=conf) == [(P - 1, [1, 0, 1, 1], False)]
+    conf[3] = 0.0  # the newcomer has no chance at all: not drafted (the try is spent)
+    assert tries(True, conf=conf) == []
     assert tries(False) == [] and tries(True, probe=False) == []
+
+
+def test_a_try_waits_for_newcomers_then_drafts_every_sequence() -> None:
+    """A due try drafts no sequence whose draft cache lags (one that has not drafted since some
+    tokens were committed: its first pass would catch up on all of them). With the same sequences
+    plan after plan it waits PROBE_EVERY plans for a newcomer, then drafts them all; a newcomer
+    meanwhile is tried alone."""
+    from policies.dspark import PROBE_EVERY
+    dear = LinearCost(target_s=0.020, draft_s=0.030)
+    P = PROBE_EVERY
+
+    def tried(ids_at) -> list[tuple[int, list[int]]]:
+        policy, out = DSpark(), []
+        for step in range(4 * P):
+            ids = np.asarray(ids_at(step))
+            b = policy.plan(replace(make_plan_ctx(len(ids), step=step, seq_ids=ids, prior_conf=0.8, cost=dear),
+                                    cost_learns=True))
+            if b.any():
+                out.append((step, b.tolist()))
+        return out
+
+    assert tried(lambda step: [7, 8, 9]) == [(2 * P - 1, [1, 1, 1])]  # due at P - 1, held P plans
+    arrival = P + 3
+    assert tried(lambda step: [7, 8, 9] if step < arrival else [7, 8, 10]) == [(arrival, [0, 0, 1])]
 
 
 def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
