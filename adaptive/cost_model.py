@@ -294,11 +294,17 @@ class RooflineCost(CostModel):
             if len(self._compute_rows) >= 64:
                 self._compute_rows.clear()
             compute = self._compute_rows[size] = flops * np.arange(size, dtype=np.float64) / peak
-        return np.maximum(compute, (weights + kv * context_tokens) / bandwidth) + overhead
+        out = np.maximum(compute, (weights + kv * context_tokens) / bandwidth)
+        out += overhead
+        return out
 
     def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
         flops, peak, weights, kv, bandwidth, overhead = self._terms["draft"]
         return max(flops * float(batch_size) / peak, (weights + kv * context_tokens) / bandwidth) + overhead
+
+    def step_prices(self, size: int, context_tokens: int, draft_batch: int,
+                    batch_size: int = 0) -> tuple[np.ndarray, float]:
+        return self.target_by_n(size, context_tokens), self.draft_time(draft_batch, context_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}

@@ -54,7 +54,7 @@ import numpy as np
 
 from policies.allocation import unit
 from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
-from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
+from policies.kernels import VerifyColumns, keep_kernel, plan_kernel, raised
 
 ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)...
 ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is large:
@@ -147,14 +147,12 @@ class _Prices:
             self.draft_all = float(cost.draft_time(n, context))
 
     @cached_property
-    def pass_k(self) -> np.ndarray:
-        """(n,) a draft pass of k = 1..n rows, linear in k between the two measured ends (for
-        keep_drafting only: most steps never ask it)."""
-        n = self.key[2]
-        if n == 1:  # the one row is the whole batch: draft_all is draft_time(1), the same number
-            return np.array([self.draft_all])
-        one = float(self.cost.draft_time(1, self.context))
-        return one + (self.draft_all - one) * np.arange(n) / max(n - 1, 1)
+    def pass_one(self) -> float:
+        """A draft pass of one row (keep_drafting prices a pass of k rows on the line from it to
+        `draft_all`; most steps never ask it)."""
+        if self.key[2] == 1:  # the one row is the whole batch: draft_all is draft_time(1), the same number
+            return self.draft_all
+        return float(self.cost.draft_time(1, self.context))
 
     def target_at(self, n_tokens: np.ndarray) -> np.ndarray:
         """cost.target_time(n_tokens), from the table where it reaches."""
@@ -249,8 +247,8 @@ class DSpark(DepthPolicy):
             deepest, tried = int(budgets.max(initial=0)), True
         if self.dynamic and deepest > 0 and not tried and self._asking(gate, ctx.step):
             # what the step would draft with `keep_drafting` not asked: the measure's other arm
-            self._fixed_budgets = budgets.copy() if self.follow_plan else np.minimum(budgets, 1)
-            budgets[budgets > 0], deepest = K, K
+            self._fixed_budgets = budgets if self.follow_plan else np.minimum(budgets, 1)
+            budgets, deepest = raised(budgets, K), K  # (B,) K where the plan drafts
             if self.weigh_verify and ctx.cost_learns and not self._verifying(gate.verify_dynamic):
                 self._skip_verify = ctx.step
         elif deepest > 0:  # drafted to the budgets, `keep_drafting` not asked
@@ -543,27 +541,31 @@ class DSpark(DepthPolicy):
         p = self._prices
         if p is None or p.key != self._plan_key or p.cost is not pc.cost:  # else: the plan's prices
             p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
-        keep, _ = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
-                              np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64),
-                              self.streak, p.target, p.pass_k, p.draft_all, self.margin, self.lookahead)
-        if not keep.any() and self._passes[0] == ctx.step:
+        keep, _, kept = keep_kernel(np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64),
+                                    np.asarray(ctx.budgets, np.int64), np.asarray(pc.prior_conf, np.float64),
+                                    self.streak, p.target, p.pass_one, p.draft_all, self.margin, self.lookahead)
+        if not kept and self._passes[0] == ctx.step:
             self._passes = (ctx.step, min(self._passes[1], j))  # drafting ends after pass j
         return keep
 
     def _start(self, ctx: VerifyContext, j: int) -> VerifyColumns:
         n = len(ctx.seq_ids)
-        cost, context = ctx.cost, self._context_tokens(ctx.context_lens)
+        pc, cost = self._plan_ctx, ctx.cost
+        if pc is not None and pc.step == ctx.step and pc.context_lens is ctx.context_lens:
+            context = self._plan_key[1]  # the plan's sum over the same array
+        else:
+            context = self._context_tokens(ctx.context_lens)
         self._step, self._cost = ctx.step, cost
-        self._depth = max(self._depth, j, int(ctx.drafted.max(initial=0)))
+        self._depth = max(self._depth, j)  # a table too short for a step grows (`VerifyColumns`)
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
         p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
         sunk = passes * p.draft_all  # (see the module docstring)
-        times, more = sunk + p.target[n:], (lambda k: sunk + p.target_at(n + k))
+        times, more = p.target[n:], (lambda k: p.target_at(n + k))  # each + sunk, where read
         a = self._alloc
         if a is not None and a.n_seq == n and a.margin == self.margin:
-            a.reset(times, more)
+            a.reset(times, more, sunk)
         else:
-            a = self._alloc = VerifyColumns(n, times, self.margin, more)
+            a = self._alloc = VerifyColumns(n, times, self.margin, more, sunk)
         return a
 
     def verify(self, ctx: VerifyContext) -> np.ndarray:

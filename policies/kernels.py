@@ -118,30 +118,82 @@ def _lengths_at(q: np.ndarray, depth: int, k: int, vstar: int, out: np.ndarray) 
 
 
 @njit(cache=True)
-def _cannot_win(pool: np.ndarray, m: int, n: int, vmax: int, total: int, times: np.ndarray, fastest: float,
-                extra: float, bar: float) -> bool:
+def _cannot_win(pool: np.ndarray, m: int, col: np.ndarray, mc: int, copies: int, n: int, total: int,
+                times: np.ndarray, tail: np.ndarray, extra: float, bar: float) -> bool:
     """True if no depth D >= d can beat `bar` (best Theta * ONE): a shortcut of plan_kernel's search
-    that changes no answer. pool[:m]: the slots of depths < d (descending); every deeper slot is at
-    most vmax (survival is non-increasing in j), so tau with k slots is at most the k best of pool
-    and unlimited copies of vmax, and never more than `total` (every slot); each such depth pays at
-    least `extra` = d draft passes; `fastest` = min(times). The tests multiply rather than divide,
-    with a 1e-9 relative safety margin, far above rounding: they only say True where the exact
-    quotient tau / time is at most `bar`, so a depth that could win is never skipped."""
+    that changes no answer. pool[:m]: the slots of depths < d, col[:mc] the positive slots of depth
+    d (both descending). A row's survival is non-increasing in j, so each of its slots at depths
+    d..K is at most its slot at d: tau with k slots of any depth D >= d is at most n plus the k
+    best of pool and `copies` = K - d + 1 of each slot of col, and never more than `total` (every
+    slot); each such depth pays at least `extra` = d draft passes; `tail[k]` = min(times[k:]). The
+    tests multiply rather than divide, with a 1e-9 relative safety margin, far above rounding:
+    they only say True where the exact quotient tau / time is at most `bar`, so a depth that
+    could win is never skipped. Once tau reaches `total` it stays there, and the test is monotone
+    in the time (rounding is), so the remaining k are settled at once by the fastest of them."""
     safe = bar * (1.0 - 1e-9)
-    if total <= safe * (fastest + extra):
+    if total <= safe * (tail[0] + extra):
         return True
-    tau, i = n * ONE, 0
+    tau, i, c, left = n * ONE, 0, 0, copies
     for k in range(1, times.size):
-        if i < m and pool[i] >= vmax:
+        if i < m and (c >= mc or pool[i] >= col[c]):
             tau += pool[i]
             i += 1
+        elif c < mc:
+            tau += col[c]
+            left -= 1
+            if left == 0:
+                c, left = c + 1, copies
         else:
-            tau += vmax
-        if tau > total:
-            tau = total
+            tau = total  # every slot counted (their bound sums to at least `total`)
+        if tau >= total:
+            return not total > safe * (tail[k] + extra)
         if tau > safe * (times[k] + extra):
             return False
     return True
+
+
+@njit(cache=True)
+def _desc(col: np.ndarray, out: np.ndarray) -> int:
+    """col's positive values, descending -> out; returns how many."""
+    pos = np.sort(col[col > 0])  # ascending
+    m = pos.size
+    for i in range(m):
+        out[i] = pos[m - 1 - i]
+    return m
+
+
+@njit(cache=True)
+def _merge_two(a: np.ndarray, ma: int, b: np.ndarray, mb: int, out: np.ndarray) -> int:
+    """Merge the descending a[:ma] and b[:mb] -> out (descending); returns the length."""
+    i, k, o = 0, 0, 0
+    while i < ma and k < mb:
+        if a[i] >= b[k]:
+            out[o] = a[i]
+            i += 1
+        else:
+            out[o] = b[k]
+            k += 1
+        o += 1
+    while i < ma:
+        out[o] = a[i]
+        i += 1
+        o += 1
+    while k < mb:
+        out[o] = b[k]
+        k += 1
+        o += 1
+    return o
+
+
+@njit(cache=True)
+def _tail_min(times: np.ndarray) -> np.ndarray:
+    """(S,) tail[k] = min(times[k:])."""
+    tail = np.empty_like(times)
+    lo = times[times.size - 1]
+    for k in range(times.size - 1, -1, -1):
+        lo = min(lo, times[k])
+        tail[k] = lo
+    return tail
 
 
 @njit(cache=True)
@@ -165,16 +217,22 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
     if n == 0 or depth == 0:
         return budgets, 0
     q = np.empty((depth, n), np.int64)  # (K, B) position-major fixed-point survivals
+    col_pos = np.zeros(depth, np.int64)  # per column: positive slots and their sum
+    col_sum = np.zeros(depth, np.int64)
     for r in range(n):
-        s = _unit(prior_conf[r, 0])
-        q[0, r] = np.int64(s * _ONE_F)
-        for j in range(1, depth):
-            s = _unit(prior_conf[r, j]) * s
-            q[j, r] = np.int64(s * _ONE_F)
+        s = 1.0
+        for j in range(depth):
+            s = _unit(prior_conf[r, j]) * s if j else _unit(prior_conf[r, 0])
+            v = np.int64(s * _ONE_F)
+            q[j, r] = v
+            col_pos[j] += v > 0
+            col_sum[j] += v
     times = times[: n * depth + 1]
     flat = _flat(times) if not margin else 0
-    fastest = -1.0  # min(times), once needed
-    total = n * ONE + q.sum()  # tau with every slot
+    tail = times[:0]  # min(times[k:]) by k, once needed
+    total = n * ONE + col_sum.sum()  # tau with every slot
+    srt = np.empty((depth, n), np.int64)  # each column's positive slots, descending, once sorted
+    done = 0  # columns sorted
     pool = np.empty(n * depth, np.int64)  # descending slots of the columns merged so far
     spare = np.empty(n * depth, np.int64)
     m, merged = 0, 0
@@ -182,25 +240,31 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
     best_theta, best_d, best_k, best_v = n / times[0], 0, 0, 0
     refused = False  # the last depth refused slots
     for d in range(1, depth + 1):
-        col = q[d - 1]
-        if not (col > 0).any():
+        if col_pos[d - 1] == 0:
             break  # survival is non-increasing in j: nothing deeper either
         extra = d * pass_time
         if d > 1 and (refused or best_d < d - 1):  # can any depth from here on still win?
+            while done < d:
+                _desc(q[done], srt[done])
+                done += 1
             while merged < d - 1:
-                m = _merge_desc(pool, m, q[merged], spare)
+                m = _merge_two(pool, m, srt[merged], col_pos[merged], spare)
                 pool, spare, merged = spare, pool, merged + 1
-            if fastest < 0:
-                fastest = times.min()
-            if _cannot_win(pool, m, n, col.max(), total, times, fastest, extra, best_theta * _ONE_F):
+            if tail.size == 0:
+                tail = _tail_min(times)
+            if _cannot_win(pool, m, srt[d - 1], col_pos[d - 1], depth - d + 1, n, total, times, tail, extra,
+                           best_theta * _ONE_F):
                 break
-        slots += (col > 0).sum()
-        tau += col.sum()
+        slots += col_pos[d - 1]
+        tau += col_sum[d - 1]
         if slots <= flat:  # every slot admitted (see _first_stop); no order needed
             k, theta = slots, tau / (times[slots] + extra)
         else:
+            while done < d:
+                _desc(q[done], srt[done])
+                done += 1
             while merged < d:
-                m = _merge_desc(pool, m, q[merged], spare)
+                m = _merge_two(pool, m, srt[merged], col_pos[merged], spare)
                 pool, spare, merged = spare, pool, merged + 1
             k, theta = _first_stop(pool, m, n, times, extra, margin, flat)
         refused = k < slots
@@ -209,17 +273,24 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
             best_v = pool[k - 1] if refused else 1  # 1: the smallest positive slot there can be
     _lengths_at(q, best_d, best_k, best_v, budgets)
     if ceiling > 0 and best_k > 0:
-        for r in range(n):
-            if budgets[r] > 0:
-                budgets[r] = ceiling
-        return budgets, ceiling
+        return raised(budgets, ceiling), ceiling
     return budgets, budgets.max()
 
 
 @njit(cache=True)
+def raised(budgets: np.ndarray, ceiling: int) -> np.ndarray:
+    """(B,) int64: `ceiling` where budgets > 0, else 0 (a new array)."""
+    out = np.zeros(budgets.size, np.int64)
+    for r in range(budgets.size):
+        if budgets[r] > 0:
+            out[r] = ceiling
+    return out
+
+
+@njit(cache=True)
 def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prior: np.ndarray, streak: float,
-                times: np.ndarray, pass_k: np.ndarray, pass_all: float, margin: float,
-                horizon: int = 1) -> tuple[np.ndarray, float]:
+                times: np.ndarray, pass_one: float, pass_all: float, margin: float,
+                horizon: int = 1) -> tuple[np.ndarray, float, int]:
     """dspark's keep-drafting rule after draft pass j (see policies/dspark.py).
 
     Position j + l of sequence r is worth s_{r,j} c_1 ... c_l expected tokens, c_l = c-hat_{r,j+l}:
@@ -227,7 +298,9 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
     stopped or its budget ends. Sequences are ranked by the worth of their next position; for
     every prefix of that ranking (k sequences) and every h <= `horizon` further passes,
     Theta = (tau + their worth over h positions) / (sunk draft time + h passes over k rows + the
-    target step with k h more tokens). If the best beats Theta now, its sequences draft on.
+    target step with k h more tokens). If the best beats Theta now, its sequences draft on. A pass
+    over k rows is priced on the line between one row and the batch: pass_one + (pass_all -
+    pass_one) (k - 1) / (B - 1).
 
     Args:
         conf: (B, j) calibrated confidences of positions 1..j (0 where not drafted).
@@ -236,20 +309,20 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
         prior: (B, K) the prior's per-position rates (K > j).
         streak: weight of the last confidence (vs the prior) in c-hat.
         times: target time by total step tokens N (covering up to B (K + 1)).
-        pass_k: (B,) seconds of a draft pass over k = 1..B rows.
+        pass_one: seconds of a draft pass over one row.
         pass_all: seconds of a draft pass over the batch (each pass so far).
         margin: minimum relative Theta gain.
         horizon: passes looked ahead (1: does the next pass pay; more: do the next h, for some h).
 
     Returns:
-        (B,) bool: who drafts position j + 1; and the predicted relative gain in Theta of
-        drafting on (best Theta / Theta now - 1; 0 when nobody does).
+        (B,) bool: who drafts position j + 1; the predicted relative gain in Theta of drafting on
+        (best Theta / Theta now - 1; 0 when nobody does); and how many draft on.
     """
     n, j = conf.shape
     keep = np.zeros(n, np.bool_)
     horizon = min(horizon, prior.shape[1] - j)
     if horizon <= 0:
-        return keep, 0.0
+        return keep, 0.0, 0
     worth = np.zeros((n, horizon))  # (B, H) expected tokens from drafting 1..H more positions
     tau_now = float(n)
     n_now = n
@@ -269,7 +342,7 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
                 worth[r, h] = g
             any_drafting = any_drafting or worth[r, 0] > 0.0
     if not any_drafting:
-        return keep, 0.0
+        return keep, 0.0, 0
     # best first, ties by row: one int64 sort of (worth, row) keys, worth in steps of 2^-(62 - bits)
     # (finer than any difference that matters; a stable argsort costs twice as much)
     bits = 1
@@ -284,19 +357,23 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
     sunk = j * pass_all
     theta_now = tau_now / (sunk + times[n_now])
     best, best_theta = -1, -np.inf
+    rise = max(n - 1, 1)
     for h in range(horizon):
         g = 0.0
         for k in range(n):
             g += worth[keys[k] & mask, h]
-            th = (tau_now + g) / (sunk + (h + 1) * pass_k[k] + times[n_now + (k + 1) * (h + 1)])
+            pass_k = pass_one + (pass_all - pass_one) * k / rise  # a pass over k + 1 rows
+            th = (tau_now + g) / (sunk + (h + 1) * pass_k + times[n_now + (k + 1) * (h + 1)])
             if th > best_theta:
                 best, best_theta = k, th
     if best_theta > theta_now * (1.0 + margin):
+        kept = 0
         for k in range(best + 1):
             r = keys[k] & mask
             keep[r] = worth[r, 0] > 0.0
-        return keep, best_theta / theta_now - 1.0
-    return keep, 0.0
+            kept += keep[r]
+        return keep, best_theta / theta_now - 1.0, kept
+    return keep, 0.0, 0
 
 
 @njit(cache=True)
@@ -308,7 +385,7 @@ def _same(a: float, b: float) -> bool:
 def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray, state: np.ndarray,
                  surv: np.ndarray, q: np.ndarray, raw: np.ndarray, shown: np.ndarray, contexts: np.ndarray,
                  positive: np.ndarray, pools: np.ndarray, lengths: np.ndarray, times: np.ndarray,
-                 margin: float) -> int:
+                 extra: float, margin: float) -> int:
     """One causal verify call with columns 1..j = conf.shape[1] (see VerifyColumns.answer).
 
     Returns 0 (lengths written), 1 (the columns shown are not those the state rests on: start
@@ -324,8 +401,11 @@ def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray
             for i in range(seen):
                 if not _same(conf[r, i], raw[i, r]):
                     return 1
-    else:
+    else:  # the step's first call: what it reads, it writes first
         contexts[:] = context_lens
+        surv[:] = 1.0
+        positive[:] = 0
+        shown[:] = 0
         state[_STARTED] = 1
     if not state[_FROZEN] and state[_J] < j and (positive.sum() + n * (j - state[_J])) >= times.size:
         return 2
@@ -357,7 +437,7 @@ def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray
     slots = positive.sum()
     flat = 0  # times[0] == ... == times[flat], counted as far as `slots` (see _first_stop)
     if not margin:
-        while flat < slots and times[flat + 1] == times[0]:
+        while flat < slots and times[flat + 1] + extra == times[0] + extra:
             flat += 1
         if flat == slots:  # all admitted
             lengths[:] = positive
@@ -370,7 +450,7 @@ def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray
         state[_MERGED] += 1
     state[_M] = m
     pool = pools[state[_CUR]]
-    k, _ = _first_stop(pool, m, n, times, 0.0, margin, flat)
+    k, _ = _first_stop(pool, m, n, times, extra, margin, flat)
     state[_REFUSED] = pool[k] if k < m else 0
     _lengths_at(q, state[_J], k, pool[k - 1] if k else 0, lengths)
     return 0
@@ -383,15 +463,19 @@ class VerifyColumns:
 
     Args:
         n_seq: B.
-        times: (S+1,) seconds of the step with k = 0..S slots admitted.
+        times: (S+1,) seconds of the step with k = 0..S slots admitted, less `extra`.
         margin: as in `allocate`.
-        step_time: seconds with k slots for an int array k, to price past S (None: S is enough).
+        step_time: seconds with k slots for an int array k, less `extra`, to price past S (None: S
+            is enough).
+        extra: seconds every step pays on top (the step's sunk draft passes): the step with k
+            slots takes times[k] + extra, added where it is read (the same float as adding it to
+            every entry first, without building that array every step).
     """
 
     def __init__(self, n_seq: int, times: np.ndarray, margin: float = 0.0,
-                 step_time: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
-        self.n_seq, self.margin = n_seq, float(margin)
-        self.times = np.asarray(times, np.float64)  # (S+1,) step time with k = 0..S slots
+                 step_time: Callable[[np.ndarray], np.ndarray] | None = None, extra: float = 0.0) -> None:
+        self.n_seq, self.margin, self.extra = n_seq, float(margin), float(extra)
+        self.times = np.asarray(times, np.float64)  # (S+1,) step time with k = 0..S slots, less `extra`
         self.step_time = step_time  # prices more slots when a step has more than S
         self.state = np.zeros(_SLOTS, np.int64)
         self._surv = np.ones(n_seq)  # (B,) survival of the last column pushed
@@ -403,12 +487,11 @@ class VerifyColumns:
         self._pools = np.empty((2, 8 * n_seq), np.int64)  # the sorted slots (descending) and a spare
         self._lengths = np.zeros(n_seq, np.int64)
 
-    def reset(self, times: np.ndarray, step_time: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+    def reset(self, times: np.ndarray, step_time: Callable[[np.ndarray], np.ndarray] | None = None,
+              extra: float = 0.0) -> None:
         """Start a new step with the same B, keeping the buffers (what a step reads, it writes first)."""
-        self.times, self.step_time = np.asarray(times, np.float64), step_time
-        self.state[:] = 0
-        self._surv.fill(1.0)
-        self._positive.fill(0)
+        self.times, self.step_time, self.extra = np.asarray(times, np.float64), step_time, float(extra)
+        self.state[:] = 0  # not started: the first call sets what it reads (`_verify_call`)
 
     @property
     def j(self) -> int:
@@ -442,7 +525,7 @@ class VerifyColumns:
                 self._lengths = np.empty(self.n_seq, np.int64)  # an answer handed out stays as it was
             status = _verify_call(conf, drafted, context_lens, self.state, self._surv, self._q, self._raw,
                                   self._shown, self._contexts, self._positive, self._pools, self._lengths,
-                                  self.times, self.margin)
+                                  self.times, self.extra, self.margin)
             if status == 0:
                 return self._lengths
             if status == 1:

@@ -69,7 +69,11 @@ def test_verify_columns_equal_the_column_allocator(cost) -> None:
         sunk = float(rng.choice([0.0, 0.004]))
         step_time = lambda k, b=b: sunk + np.asarray(cost.target_time(b + np.asarray(k), 0), np.float64)  # noqa: E731
         ref = ColumnAllocator(b, step_time, margin, i % 3)
-        fast = VerifyColumns(b, step_time(np.arange(b * (i % 3) + 1)), margin, step_time)
+        if i % 2:  # the sunk time added where read (as dspark asks)
+            target = lambda k, b=b: np.asarray(cost.target_time(b + np.asarray(k), 0), np.float64)  # noqa: E731
+            fast = VerifyColumns(b, target(np.arange(b * (i % 3) + 1)), margin, target, extra=sunk)
+        else:
+            fast = VerifyColumns(b, step_time(np.arange(b * (i % 3) + 1)), margin, step_time)
         lens = rng.integers(1, 100, b)
         for j in range(1, jm + 1):
             ref.push(np.fmin(np.fmax(conf[:, j - 1], 0.0), drafted > j - 1))  # as dspark pushed a column
@@ -120,11 +124,10 @@ def test_verify_columns_refuse_too_few_prices() -> None:
 
 def _keep(conf, drafted, prior_next, times, pass_one=1e-3, pass_all=2e-3, streak=0.5, depth=2):
     b, j = len(conf), len(conf[0])
-    pass_k = pass_one + (pass_all - pass_one) * np.arange(b) / max(b - 1, 1)
     prior = np.zeros((b, depth))
     prior[:, j] = prior_next  # positions past j + 1: rate 0 (one pass of lookahead)
     return keep_kernel(np.asarray(conf, float), np.asarray(drafted, np.int64), np.full(b, depth, np.int64), prior,
-                       streak, np.asarray(times, float), pass_k, pass_all, 0.0)[0]
+                       streak, np.asarray(times, float), pass_one, pass_all, 0.0)[0]
 
 
 def test_keep_kernel_by_hand() -> None:
@@ -147,11 +150,13 @@ def test_a_reset_instance_answers_as_a_fresh_one() -> None:
     rng = np.random.default_rng(13)
     cost = Knee(knee=20, slope=2e-3, draft=1e-3)
     times = cost.target_time(8 + np.arange(8 * 8 + 1), 0)
+    step_time = lambda k: np.asarray(cost.target_time(8 + np.asarray(k), 0), np.float64)  # noqa: E731
     reused = VerifyColumns(8, times)
-    for _ in range(30):
+    for i in range(30):
         conf, drafted, lens = _confs(rng, 8, 6), rng.integers(0, 7, 8), rng.integers(1, 50, 8)
-        reused.reset(times)
-        fresh = VerifyColumns(8, times)
+        short = i % 2  # a table too short for the step: priced further on the first call
+        reused.reset(times[:3] if short else times, step_time)
+        fresh = VerifyColumns(8, times[:3] if short else times, step_time=step_time)
         for j in range(1, 7):
             args = (conf[:, :j].copy(), np.minimum(drafted, j), lens)
             assert reused.answer(*args).tolist() == fresh.answer(*args).tolist()
@@ -162,7 +167,7 @@ def test_keep_kernel_counts_no_worth_past_a_budget() -> None:
     # left): it cannot draft on, and its would-be worth must not buy the second a pass
     times = np.full(12, 0.020)
     conf, drafted, prior = np.array([[0.95], [0.3]]), np.array([1, 1]), np.full((2, 8), 0.9)
-    args = (prior, 0.5, times, np.array([2e-3, 2.1e-3]), 1e-3, 0.0)  # a second row costs 0.1 ms more
+    args = (prior, 0.5, times, 2e-3, 2.1e-3, 0.0)  # a pass of one row, of both: a second row costs 0.1 ms more
     assert keep_kernel(conf, drafted, np.array([8, 8]), *args)[0].tolist() == [True, True]
     assert keep_kernel(conf, drafted, np.array([1, 8]), *args)[0].tolist() == [False, False]
 
@@ -173,7 +178,7 @@ def test_keep_kernel_can_look_past_a_step_in_the_step_time() -> None:
     # looking several passes ahead sees (dspark's `lookahead`)
     times = np.array([0.0, 0.010, 0.011, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015, 0.015])
     conf, drafted, prior = np.array([[0.8]]), np.array([1]), np.full((1, 8), 0.8)
-    args = (prior, 0.5, times, np.array([1e-3]), 1e-3, 0.0)
+    args = (prior, 0.5, times, 1e-3, 1e-3, 0.0)
     assert not keep_kernel(conf, drafted, np.array([8]), *args, 1)[0][0]
     assert keep_kernel(conf, drafted, np.array([8]), *args, 8)[0][0]
     assert not keep_kernel(conf, drafted, np.array([2]), *args, 8)[0][0]  # its budget ends at 2
