@@ -7,7 +7,8 @@ Each step (DESIGN.md "Allocation"):
   for every draft depth D the D sequential draft passes are part of the step time, slots j <= D
   are admitted by the sorted early-stop rule, and the best D's per-sequence counts are the
   budgets L_r. A batch that already saturates the compute knee gets 0 everywhere: speculation
-  switches itself off.
+  switches itself off. Live, a plan that would draft for sequences that have not drafted for a
+  while is priced again with the draft's catch-up on the tokens they committed since (`_catch_up`).
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
   (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
@@ -67,6 +68,8 @@ PROBE_MAX = 256  # with each probe, up to this
 VERIFY_EVIDENCE = 8  # steps drafting the plan's budgets that asked `verify` before their measure may skip it...
 VERIFY_RATE = 0.05  # ...its running means' weight on a new such step, after the first 20...
 VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this many
+CATCH_UP_USUAL = 2  # draft-cache lag (tokens) of a sequence that drafted last step: priced in every pass
+CATCH_UP_STEPS = 16  # a catch-up past it is paid once for the drafting steps after: priced 1 / this a step
 
 
 @dataclass
@@ -182,16 +185,20 @@ class DSpark(DepthPolicy):
             more time than it has saved (see `_verifying`).
         follow_plan: where drafting dynamically has not paid, draft the plan's budgets (False:
             stop at one position: the earlier rule, an ablation).
+        catch_up: price the draft's catch-up on the tokens committed since a sequence last drafted
+            into a plan that drafts after a spell without (see `_catch_up`).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
-                                           "probe": True, "weigh_verify": True, "follow_plan": True}
+                                           "probe": True, "weigh_verify": True, "follow_plan": True,
+                                           "catch_up": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
-                 probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True) -> None:
+                 probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True,
+                 catch_up: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -206,6 +213,7 @@ class DSpark(DepthPolicy):
         self.probe = bool(probe)
         self.weigh_verify = bool(weigh_verify)
         self.follow_plan = bool(follow_plan)
+        self.catch_up = bool(catch_up)
         self._skip_verify = -1  # the step whose `verify` is not worth asking (see `_verifying`)
         self._fixed_step = -1  # the step drafted to the plan's budgets, `keep_drafting` not asked
         self._fixed_budgets: np.ndarray | None = None  # (B,) what the asking step would draft without asking
@@ -213,6 +221,9 @@ class DSpark(DepthPolicy):
         self._asking_now = -1  # the step asking `keep_drafting` now (-1: none)...
         self._asking_gate = _Gate()  # ...and its bucket's measures
         self._last_ids = np.zeros(0, np.int64)  # the last plan's sequences (see `_trying`)
+        self._lag_ids = np.zeros(0, np.int64)  # the last step's sequences, and the tokens each one's
+        self._lag = np.zeros(0, np.int64)  # draft cache lacks now (see `_lags_for`)...
+        self._lag_max = 0  # ...and the most (a newcomer's is 1: a plan needs no look below CATCH_UP_USUAL)
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns` (see `_ask_parts`)
         self._plan_ctx: PlanContext | None = None  # this step's plan context, for keep_drafting
         self._plan_key: tuple[int, int, int] | None = None  # its prices' key
@@ -236,6 +247,11 @@ class DSpark(DepthPolicy):
         # are): decided here, so the ceiling is set here rather than by plan_kernel's `ceiling`
         budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
                                        prices.draft_all if self.price_draft else 0.0, self.margin)
+        if deepest > 0 and self.catch_up and ctx.cost_learns and self._lag_max > CATCH_UP_USUAL:
+            first = self._catch_up(ctx, budgets)
+            if first > 0.0:  # priced again with it (a plan that drafts nothing pays none)
+                budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
+                                               prices.draft_all if self.price_draft else 0.0, self.margin, 0, first)
         gate = self._gates.get(B.bit_length())
         if gate is None:
             gate = self._gates[B.bit_length()] = _Gate()
@@ -264,6 +280,57 @@ class DSpark(DepthPolicy):
         self._passes = (ctx.step, int(deepest))
         self._last_ids = ctx.seq_ids
         return budgets
+
+    def _catch_up(self, ctx: PlanContext, budgets: np.ndarray) -> float:
+        """Seconds of draft catch-up a step drafting `budgets` adds, as priced into its plan.
+
+        A sequence's first draft pass of a step feeds its draft cache every token committed since
+        it last drafted (`PairRunner._draft`), padded to the longest: after a step that drafted,
+        one or two (what the learned pass price holds), after a spell of `off` one more a step.
+        At batch 64 on the bundled CPU pair, where dspark mostly planned nothing, the rare plans
+        that drafted paid it: a first pass of 35.6 ms after 19 steps of `off` and 82 ms after ~40,
+        against 7.5 ms one step after the last draft (a step of `off`: ~27 ms). So a plan that
+        drafts for sequences whose lag is past `CATCH_UP_USUAL` pays the rest: a draft pass of
+        rows x lag tokens, priced by the cost model as a pass over that many rows (the profile's
+        line; 43.9 ms for 64 x 19 there, 87 for 64 x 40), less the usual pass. It buys every
+        later step its usual lag, so it is spread over `CATCH_UP_STEPS` steps (about half the
+        life of a 48-token request drafting one position, and less than a longer one's): at
+        batch 4 a lag of 40 adds ~0.3 ms to a ~10 ms step, at batch 64 ~5 ms to ~30 (drafting
+        there must then gain ~15%), and a lag of 3 (one step of `off`, a probe's) ~0.3 ms. Live
+        only (`PlanContext.cost_learns`): a replay models no draft cache."""
+        lag = self._lags_for(ctx.seq_ids)
+        rows = budgets > 0
+        worst = int(lag[rows].max(initial=0))
+        if worst <= CATCH_UP_USUAL:
+            return 0.0
+        n, context = int(rows.sum()), self._context_tokens(ctx.context_lens)
+        catch = float(ctx.cost.draft_time(n * worst, context)) - float(ctx.cost.draft_time(n, context))
+        return max(catch, 0.0) / CATCH_UP_STEPS
+
+    def _lags_for(self, seq_ids: np.ndarray) -> np.ndarray:
+        """(B,) tokens each sequence's draft cache lacks, as of the last step observed (1 for a
+        sequence not seen: its draft cache holds the prompt but its last token)."""
+        known, lag = self._lag_ids, self._lag
+        if known.size == seq_ids.size and (known == seq_ids).all():
+            return lag
+        out = np.ones(len(seq_ids), np.int64)
+        if known.size:
+            order = np.argsort(known)
+            pos = np.minimum(np.searchsorted(known, seq_ids, sorter=order), known.size - 1)
+            hit = known[order[pos]] == seq_ids
+            out[hit] = lag[order[pos[hit]]]
+        return out
+
+    def _track_lag(self, out: StepOutcome) -> None:
+        """The draft caches' lag after a step (`PairRunner`): a sequence that drafted d positions
+        fed its cache all it lacked and its first d - 1 drafts, then kept the accepted ones, so
+        it lacks the token the target added (and the last draft, if every draft was accepted);
+        one that did not draft lacks one more token."""
+        before = self._lags_for(out.seq_ids)
+        d, a = np.asarray(out.drafted, np.int64), np.asarray(out.accepted, np.int64)
+        self._lag = np.where(d > 0, 1 + (a >= d), before + 1)
+        self._lag_ids = np.asarray(out.seq_ids, np.int64)
+        self._lag_max = int(self._lag.max(initial=0))
 
     def _probing(self, gate: _Gate, ctx: PlanContext, budgets: np.ndarray, deepest: int, prices: _Prices) -> bool:
         """Whether this step drafts nothing, to show the cost model the step it would not take.
@@ -463,6 +530,8 @@ class DSpark(DepthPolicy):
         return min(1.0 / chance, spaced) if chance > 0 else spaced
 
     def observe(self, out: StepOutcome) -> None:
+        if self.catch_up and self._cost_learns:
+            self._track_lag(out)
         if out.verify_time_s > 0.0:
             self._weigh_verify(out)
         if self._asking_now != out.step:

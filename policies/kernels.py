@@ -198,7 +198,7 @@ def _tail_min(times: np.ndarray) -> np.ndarray:
 
 @njit(cache=True)
 def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, margin: float,
-                ceiling: int = 0) -> tuple[np.ndarray, int]:
+                ceiling: int = 0, first: float = 0.0) -> tuple[np.ndarray, int]:
     """allocation.plan_budgets(cumprod(unit(prior_conf))) with `times` = target time by slot count.
 
     Args:
@@ -208,6 +208,8 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
         margin: minimum relative Theta gain to admit a slot.
         ceiling: > 0: every positive budget becomes this (a dynamic depth's ceiling; dspark sets
             its own after the plan, as whether to apply it depends on the plan's depth).
+        first: seconds a step that drafts at all pays once on top of its passes (dspark's price
+            of the draft's catch-up after a spell without drafting).
 
     Returns:
         (B,) int64 budgets, and the largest.
@@ -242,7 +244,7 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
     for d in range(1, depth + 1):
         if col_pos[d - 1] == 0:
             break  # survival is non-increasing in j: nothing deeper either
-        extra = d * pass_time
+        extra = d * pass_time + first
         if d > 1 and (refused or best_d < d - 1):  # can any depth from here on still win?
             while done < d:
                 _desc(q[done], srt[done])
