@@ -258,7 +258,7 @@ class DSpark(DepthPolicy):
         tried = False  # a plan of nothing, drafted one deep (`_trying`): drafted as it is, nothing asked
         if deepest > 0 and self.probe and ctx.cost_learns and self._probing(gate, ctx, budgets, int(deepest), prices):
             budgets[:], deepest = 0, 0
-        elif deepest == 0 and self.probe and ctx.cost_learns and (rows := self._trying(gate, ctx.seq_ids)) is not None:
+        elif deepest == 0 and self.probe and ctx.cost_learns and (rows := self._trying(gate, ctx, prices)) is not None:
             budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
             deepest, tried = int(budgets.max(initial=0)), True
         if self.dynamic and deepest > 0 and not tried and self._asking(gate, ctx.step):
@@ -306,6 +306,15 @@ class DSpark(DepthPolicy):
         n, context = int(rows.sum()), self._context_tokens(ctx.context_lens)
         catch = float(ctx.cost.draft_time(n * worst, context)) - float(ctx.cost.draft_time(n, context))
         return max(catch, 0.0) / CATCH_UP_STEPS
+
+    def _dear_catch_up(self, ctx: PlanContext, prices: _Prices) -> bool:
+        """Whether every sequence's catch-up together (not spread) costs more than a step of `off`."""
+        if self._lag_max <= CATCH_UP_USUAL:
+            return False
+        B, context = ctx.batch_size, self._context_tokens(ctx.context_lens)
+        worst = int(self._lags_for(ctx.seq_ids).max(initial=0))
+        catch = float(ctx.cost.draft_time(B * worst, context)) - float(ctx.cost.draft_time(B, context))
+        return worst > CATCH_UP_USUAL and catch > float(prices.target[B])
 
     def _lags_for(self, seq_ids: np.ndarray) -> np.ndarray:
         """(B,) tokens each sequence's draft cache lacks, as of the last step observed (1 for a
@@ -358,7 +367,7 @@ class DSpark(DepthPolicy):
         gate.probes.back_off()
         return True
 
-    def _trying(self, gate: _Gate, seq_ids: np.ndarray) -> np.ndarray | None:
+    def _trying(self, gate: _Gate, ctx: PlanContext, prices: _Prices) -> np.ndarray | None:
         """(B,) bool: the sequences a plan that drafts nothing drafts one position for anyway, so
         the cost model sees a drafting step at this load (None: not this plan): `_probing` the
         other way round.
@@ -387,12 +396,18 @@ class DSpark(DepthPolicy):
         the last draft), about two steps' time for one step's tokens: ~2% of a 96-step round, and
         a step whose draft pass the cost model clips as an outlier rather than learns from. A due
         try waits for a plan with newcomers, for up to `PROBE_EVERY` plans; then (a batch that
-        keeps its sequences: batch 1, long requests) it drafts for every sequence, as before. Only
-        where the cost model learns: never in a replay."""
+        keeps its sequences: batch 1, long requests) it drafts for every sequence, unless their
+        catch-up (a pass over B x lag tokens, less the usual pass, as `_catch_up` prices it, not
+        spread) would cost more than a step without drafts: then it waits on for newcomers. A
+        closed loop at batch 64 whose requests start together has none for ~48 steps: its try of
+        all 64 after 16 steps of `off` spent 38 ms in the draft pass, in steps of ~26 ms (live
+        round, /tmp harness; 0.982x `off` over the round); at batch 1 a lag of 17 costs ~1 ms.
+        Only where the cost model learns: never in a replay."""
         if not gate.tries.due():
             return None
+        seq_ids = ctx.seq_ids
         new = ~np.isin(seq_ids, self._last_ids)
-        if not new.any() and gate.tries.held < PROBE_EVERY:
+        if not new.any() and (gate.tries.held < PROBE_EVERY or self._dear_catch_up(ctx, prices)):
             gate.tries.hold()
             return None
         gate.tries.back_off()

@@ -645,3 +645,31 @@ def test_a_plan_after_a_spell_of_off_prices_the_draft_s_catch_up() -> None:
     assert policy._catch_up(ctx, np.array([1, 1, 0, 0])) == pytest.approx(catch)
     assert policy._catch_up(ctx, np.array([0, 0, 2, 2])) == 0.0  # they drafted last step
     assert policy._catch_up(make_plan_ctx(4, seq_ids=[7, 8, 9, 10], cost=cost), np.ones(4, np.int64)) == 0.0
+
+
+def test_a_try_of_every_sequence_waits_while_their_catch_up_costs_more_than_a_step() -> None:
+    """With no newcomers, a due try drafts every sequence after PROBE_EVERY plans, unless their
+    draft caches lag so far that catching them all up costs more than a step of `off` (a closed
+    loop at batch 64 whose requests started together): then it waits on for newcomers. One
+    sequence's catch-up is cheap: it is tried as before."""
+    from policies.base import StepOutcome
+    from policies.dspark import PROBE_EVERY
+    dear = LinearCost(target_s=0.020, draft_s=0.030, draft_per_seq_s=1e-4)  # a row of catch-up: 0.1 ms
+
+    def tried(b: int, newcomer_at: int = -1) -> list[int]:
+        policy, out, ids = DSpark(), [], np.arange(b)
+        for step in range(4 * PROBE_EVERY):
+            if step == newcomer_at:
+                ids = np.append(ids[1:], 100)
+            budgets = policy.plan(replace(make_plan_ctx(b, step=step, seq_ids=ids, prior_conf=0.8, cost=dear),
+                                          cost_learns=True))
+            if budgets.any():
+                out.append(step)
+            z = np.zeros((b, 1))
+            policy.observe(StepOutcome(step, ids, budgets, budgets, budgets, np.zeros(b, np.int64), z, z,
+                                       0.02, 0.0, 0.02, np.full(b, 100)))
+        return out
+
+    assert tried(1) == [2 * PROBE_EVERY - 1]  # a lag of 32 on one row: ~3 ms, under a 20 ms step
+    assert tried(8) == []  # on 8 rows: ~25 ms, over it
+    assert tried(8, newcomer_at=3 * PROBE_EVERY) == [3 * PROBE_EVERY]  # the newcomer alone
