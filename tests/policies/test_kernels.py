@@ -182,3 +182,18 @@ def test_keep_kernel_can_look_past_a_step_in_the_step_time() -> None:
     assert not keep_kernel(conf, drafted, np.array([8]), *args, 1)[0][0]
     assert keep_kernel(conf, drafted, np.array([8]), *args, 8)[0][0]
     assert not keep_kernel(conf, drafted, np.array([2]), *args, 8)[0][0]  # its budget ends at 2
+
+
+def test_plan_kernel_prices_a_first_cost_once_for_drafting_at_all() -> None:
+    """`first` is paid once by a step that drafts (any depth), never by one that does not: 0 plans
+    as before; a price past what the best plan gains over drafting nothing plans nothing, and one
+    just under it still drafts (here the same budgets as with none)."""
+    prior = np.full((4, 8), 0.8)
+    times = np.full(4 * 8 + 1, 0.020)  # a step token is free
+    base, deepest = plan_kernel(prior, times, 0.001, 0.0)
+    assert plan_kernel(prior, times, 0.001, 0.0, 0, 0.0)[0].tolist() == base.tolist() and deepest > 0
+    d = int(deepest)
+    tau = 4 + 4 * sum(0.8 ** j for j in range(1, d + 1))  # the best plan's tokens
+    gain_s = tau * 0.020 / 4 - (0.020 + d * 0.001)  # the time at which it would only tie drafting nothing
+    assert plan_kernel(prior, times, 0.001, 0.0, 0, 0.999 * gain_s)[0].tolist() == base.tolist()
+    assert not plan_kernel(prior, times, 0.001, 0.0, 0, 1.001 * gain_s)[0].any()
