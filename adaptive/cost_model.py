@@ -302,10 +302,6 @@ class RooflineCost(CostModel):
         flops, peak, weights, kv, bandwidth, overhead = self._terms["draft"]
         return max(flops * float(batch_size) / peak, (weights + kv * context_tokens) / bandwidth) + overhead
 
-    def step_prices(self, size: int, context_tokens: int, draft_batch: int,
-                    batch_size: int = 0) -> tuple[np.ndarray, float]:
-        return self.target_by_n(size, context_tokens), self.draft_time(draft_batch, context_tokens)
-
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}
 

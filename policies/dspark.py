@@ -8,7 +8,7 @@ Each step (DESIGN.md "Allocation"):
   are admitted by the sorted early-stop rule, and the best D's per-sequence counts are the
   budgets L_r. A batch that already saturates the compute knee gets 0 everywhere: speculation
   switches itself off. Live, a plan that would draft for sequences that have not drafted for a
-  while is priced again with the draft's catch-up on the tokens they committed since (`_catch_up`).
+  while is priced again with the draft's catch-up on the tokens they committed since (`_catch_up_s`).
 - keep_drafting (dynamic depth): after each draft pass j, the calibrated confidences drafted so far
   give each sequence's survival s_{r,j}; the next position is worth about s_{r,j} * c-hat_{r,j+1}
   (c-hat: the prior for j + 1 blended with the last confidence, which runs in streaks). The next
@@ -186,7 +186,7 @@ class DSpark(DepthPolicy):
         follow_plan: where drafting dynamically has not paid, draft the plan's budgets (False:
             stop at one position: the earlier rule, an ablation).
         catch_up: price the draft's catch-up on the tokens committed since a sequence last drafted
-            into a plan that drafts after a spell without (see `_catch_up`).
+            into a plan that drafts after a spell without (see `_catch_up_s`).
     """
 
     name: ClassVar[str] = "dspark"
@@ -245,13 +245,13 @@ class DSpark(DepthPolicy):
         # ceiling (K for every sequence it drafts for) and drafting stops dynamically (keep_drafting),
         # unless drafting dynamically has not paid (then the plan's budgets are drafted as they
         # are): decided here, so the ceiling is set here rather than by plan_kernel's `ceiling`
-        budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
-                                       prices.draft_all if self.price_draft else 0.0, self.margin)
+        prior, times = np.asarray(ctx.prior_conf, np.float64), prices.target[B:]
+        pass_time = prices.draft_all if self.price_draft else 0.0
+        budgets, deepest = plan_kernel(prior, times, pass_time, self.margin)
         if deepest > 0 and self.catch_up and ctx.cost_learns and self._lag_max > CATCH_UP_USUAL:
-            first = self._catch_up(ctx, budgets)
+            first = self._catch_up_s(ctx, budgets > 0, prices.context) / CATCH_UP_STEPS
             if first > 0.0:  # priced again with it (a plan that drafts nothing pays none)
-                budgets, deepest = plan_kernel(np.asarray(ctx.prior_conf, np.float64), prices.target[B:],
-                                               prices.draft_all if self.price_draft else 0.0, self.margin, 0, first)
+                budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, first)
         gate = self._gates.get(B.bit_length())
         if gate is None:
             gate = self._gates[B.bit_length()] = _Gate()
@@ -281,8 +281,9 @@ class DSpark(DepthPolicy):
         self._last_ids = ctx.seq_ids
         return budgets
 
-    def _catch_up(self, ctx: PlanContext, budgets: np.ndarray) -> float:
-        """Seconds of draft catch-up a step drafting `budgets` adds, as priced into its plan.
+    def _catch_up_s(self, ctx: PlanContext, rows: np.ndarray, context: int) -> float:
+        """Seconds of draft catch-up a step drafting for `rows` (B,) bool adds; a plan is priced
+        1 / `CATCH_UP_STEPS` of it.
 
         A sequence's first draft pass of a step feeds its draft cache every token committed since
         it last drafted (`PairRunner._draft`), padded to the longest: after a step that drafted,
@@ -298,23 +299,11 @@ class DSpark(DepthPolicy):
         batch 4 a lag of 40 adds ~0.3 ms to a ~10 ms step, at batch 64 ~5 ms to ~30 (drafting
         there must then gain ~15%), and a lag of 3 (one step of `off`, a probe's) ~0.3 ms. Live
         only (`PlanContext.cost_learns`): a replay models no draft cache."""
-        lag = self._lags_for(ctx.seq_ids)
-        rows = budgets > 0
-        worst = int(lag[rows].max(initial=0))
+        worst = int(self._lags_for(ctx.seq_ids)[rows].max(initial=0))
         if worst <= CATCH_UP_USUAL:
             return 0.0
-        n, context = int(rows.sum()), self._context_tokens(ctx.context_lens)
-        catch = float(ctx.cost.draft_time(n * worst, context)) - float(ctx.cost.draft_time(n, context))
-        return max(catch, 0.0) / CATCH_UP_STEPS
-
-    def _dear_catch_up(self, ctx: PlanContext, prices: _Prices) -> bool:
-        """Whether every sequence's catch-up together (not spread) costs more than a step of `off`."""
-        if self._lag_max <= CATCH_UP_USUAL:
-            return False
-        B, context = ctx.batch_size, self._context_tokens(ctx.context_lens)
-        worst = int(self._lags_for(ctx.seq_ids).max(initial=0))
-        catch = float(ctx.cost.draft_time(B * worst, context)) - float(ctx.cost.draft_time(B, context))
-        return worst > CATCH_UP_USUAL and catch > float(prices.target[B])
+        n = int(rows.sum())
+        return max(float(ctx.cost.draft_time(n * worst, context)) - float(ctx.cost.draft_time(n, context)), 0.0)
 
     def _lags_for(self, seq_ids: np.ndarray) -> np.ndarray:
         """(B,) tokens each sequence's draft cache lacks, as of the last step observed (1 for a
@@ -397,8 +386,7 @@ class DSpark(DepthPolicy):
         a step whose draft pass the cost model clips as an outlier rather than learns from. A due
         try waits for a plan with newcomers, for up to `PROBE_EVERY` plans; then (a batch that
         keeps its sequences: batch 1, long requests) it drafts for every sequence, unless their
-        catch-up (a pass over B x lag tokens, less the usual pass, as `_catch_up` prices it, not
-        spread) would cost more than a step without drafts: then it waits on for newcomers. A
+        catch-up (a pass over B x lag tokens, less the usual pass, `_catch_up_s`, not spread) would cost more than a step without drafts: then it waits on for newcomers. A
         closed loop at batch 64 whose requests start together has none for ~48 steps: its try of
         all 64 after 16 steps of `off` spent 38 ms in the draft pass, in steps of ~26 ms (live
         round, /tmp harness; 0.982x `off` over the round); at batch 1 a lag of 17 costs ~1 ms.
@@ -407,7 +395,9 @@ class DSpark(DepthPolicy):
             return None
         seq_ids = ctx.seq_ids
         new = ~np.isin(seq_ids, self._last_ids)
-        if not new.any() and (gate.tries.held < PROBE_EVERY or self._dear_catch_up(ctx, prices)):
+        if not new.any() and (gate.tries.held < PROBE_EVERY or (
+                self._lag_max > CATCH_UP_USUAL
+                and self._catch_up_s(ctx, np.ones(len(new), bool), prices.context) > float(prices.target[len(new)]))):
             gate.tries.hold()
             return None
         gate.tries.back_off()

@@ -40,25 +40,8 @@ def _unit(x: float) -> float:
 @njit(cache=True)
 def _merge_desc(pool: np.ndarray, m: int, col: np.ndarray, out: np.ndarray) -> int:
     """Merge col's positive values into pool[:m] (descending) -> out; returns the new length."""
-    pos = np.sort(col[col > 0])  # ascending
-    i, k, o = 0, pos.size - 1, 0
-    while i < m and k >= 0:
-        if pool[i] >= pos[k]:
-            out[o] = pool[i]
-            i += 1
-        else:
-            out[o] = pos[k]
-            k -= 1
-        o += 1
-    while i < m:
-        out[o] = pool[i]
-        i += 1
-        o += 1
-    while k >= 0:
-        out[o] = pos[k]
-        k -= 1
-        o += 1
-    return o
+    srt = np.empty(col.size, col.dtype)
+    return _merge_two(pool, m, srt, _desc(col, srt), out)
 
 
 @njit(cache=True)

@@ -642,9 +642,9 @@ def test_a_plan_after_a_spell_of_off_prices_the_draft_s_catch_up() -> None:
     policy = DSpark()
     policy._lag_ids, policy._lag = ids, np.array([41, 41, 1, 1])
     ctx = make_plan_ctx(4, prior_conf=0.35, cost=cost)
-    assert policy._catch_up(ctx, np.array([1, 1, 0, 0])) == pytest.approx(catch)
-    assert policy._catch_up(ctx, np.array([0, 0, 2, 2])) == 0.0  # they drafted last step
-    assert policy._catch_up(make_plan_ctx(4, seq_ids=[7, 8, 9, 10], cost=cost), np.ones(4, np.int64)) == 0.0
+    assert policy._catch_up_s(ctx, np.array([1, 1, 0, 0]) > 0, 0) / CATCH_UP_STEPS == pytest.approx(catch)
+    assert policy._catch_up_s(ctx, np.array([0, 0, 2, 2]) > 0, 0) / CATCH_UP_STEPS == 0.0  # they drafted last step
+    assert policy._catch_up_s(make_plan_ctx(4, seq_ids=[7, 8, 9, 10], cost=cost), np.ones(4, bool), 0) == 0.0
 
 
 def test_a_try_of_every_sequence_waits_while_their_catch_up_costs_more_than_a_step() -> None:
