@@ -68,8 +68,9 @@ def build_cost(spec: str, pair, device: str):
     from adaptive.cost_model import load_cost
     from adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-    # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py)
-    key = f"profile-v5-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
+    # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py);
+    # v6: few-token passes on CPU through oneDNN (workers/linear.py)
+    key = f"profile-v6-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
     path = cache / key
     if path.exists():
         return load_cost(path)

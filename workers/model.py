@@ -19,10 +19,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn as nn
 
-from workers import padding
 import torch.nn.functional as F
 
+from workers import padding
 from workers.kv_cache import KVCache
+from workers.linear import Linear
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.hd
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=cfg.qkv_bias)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        self.wq = Linear(cfg.dim, cfg.n_heads * hd, bias=cfg.qkv_bias)
+        self.wk = Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.wv = Linear(cfg.dim, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.wo = Linear(cfg.n_heads * hd, cfg.dim, bias=False)
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
@@ -159,9 +160,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w_gate = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w_up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w_down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.w_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
@@ -259,7 +260,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         cos, sin = rope_tables(cfg, cfg.max_seq_len + 1)

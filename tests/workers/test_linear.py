@@ -1,0 +1,92 @@
+"""The small-batch CPU linear (`workers/linear.py`): the same function as nn.Linear on every path,
+repacked when its weight changes, and out of the way of training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workers.linear
+from workers.kv_cache import KVCache
+from workers.linear import Linear
+from workers.model import ModelConfig, Transformer
+
+needs_onednn = pytest.mark.skipif(not workers.linear.available(), reason="this torch build has no oneDNN linear")
+
+
+def _layer(n_in: int = 384, n_out: int = 1024, bias: bool = False) -> Linear:
+    torch.manual_seed(0)
+    return Linear(n_in, n_out, bias=bias)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(1, 384), (2, 384), (4, 384), (3, 5, 384), (64, 384), (65, 384), (200, 384)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_path_computes_the_same_linear(shape, bias):
+    lin = _layer(bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        y = lin(x)
+    assert y.shape == (*shape[:-1], 1024)
+    torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_few_rows_take_the_packed_path_and_one_row_does_not():
+    lin = _layer()
+    with torch.inference_mode():
+        lin(torch.randn(1, 384))
+        assert lin._packed is None  # a matrix-vector product: the default path
+        lin(torch.randn(4, 384))
+        assert lin._packed is not None
+    small = _layer(384, 128)  # 49k weights: below MIN_WEIGHT
+    with torch.inference_mode():
+        small(torch.randn(4, 384))
+    assert small._packed is None
+
+
+@needs_onednn
+def test_a_changed_weight_is_packed_again():
+    lin, x = _layer(), torch.randn(4, 384)
+    with torch.inference_mode():
+        before = lin(x)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)  # in place: same storage, new version
+    with torch.inference_mode():
+        after = lin(x)
+    torch.testing.assert_close(after, 2.0 * before, rtol=1e-4, atol=1e-4)
+    lin.weight = torch.nn.Parameter(torch.randn(1024, 384))  # a new tensor (a load, a .to())
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-4, atol=1e-4)
+
+
+def test_training_takes_the_default_path_and_gets_gradients():
+    lin = _layer()
+    x = torch.randn(4, 384, requires_grad=True)
+    lin(x).sum().backward()
+    assert lin._packed is None
+    assert lin.weight.grad is not None and x.grad is not None
+
+
+@needs_onednn
+def test_a_model_decoding_through_the_packed_path_matches_its_training_forward(monkeypatch):
+    """Every linear of a small model on the packed path (the threshold lowered), a prefill and
+    passes of 1..5 tokens per sequence, against the full causal recompute."""
+    monkeypatch.setattr(workers.linear, "MIN_WEIGHT", 0)
+    cfg = ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
+    model = Transformer(cfg)
+    model.init_weights(1)
+    gen = torch.Generator().manual_seed(2)
+    seqs = torch.randint(0, cfg.vocab_size, (3, 20), generator=gen)  # (B, 20)
+    cache = KVCache(cfg.n_layers, 3, cfg.n_kv_heads, cfg.hd, cfg.max_seq_len, torch.float32, "cpu")
+    slots = torch.tensor([cache.allocate() for _ in range(3)])
+    with torch.inference_mode():
+        model(cache, slots, seqs[:, :5], torch.full((3,), 5), logits=False)
+        done = 5
+        for t in (1, 2, 3, 4, 5):
+            out = model(cache, slots, seqs[:, done:done + t], torch.full((3,), t))  # (B, t, V)
+            ref = model.forward_train(seqs[:, :done + t])[:, done:]  # (B, t, V)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+            done += t
+    assert model.layers[0].mlp.w_up._packed is not None

@@ -1,0 +1,70 @@
+"""A Linear layer whose few-token passes on CPU cost about what a one-token pass does.
+
+Speculative decoding pays where a pass over a few more tokens costs little more than a pass over
+one. On a GPU that is the memory-bound regime. On CPU, PyTorch's default fp32 GEMM (MKL) runs one
+token as a matrix-vector product, but 2..64 tokens as a general GEMM that is slow at such small
+sizes. On the bundled target (2-core AMD EPYC) a pass over 2 tokens cost 1.36x a pass over one,
+and over 4 tokens 1.67x. oneDNN's matmul on weights packed once into its blocked layout barely
+depends on the token count there: 1.05x at 2 tokens, 1.14x at 4. So inference on CPU takes that
+path for 2..SMALL_M_MAX rows and keeps the default for one row (a matrix-vector product, faster
+than oneDNN there), for larger batches (where the two are about even) and for weights too small
+to gain (the draft's attention projections).
+
+The choice changes only rounding: both paths compute x @ W.T + b in fp32. Training (autograd on),
+other devices and other dtypes use `F.linear`, and so does any build whose oneDNN ops are missing
+or disagree with it on a probe (`available`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SMALL_M_MAX = 64  # most rows through oneDNN; at 128+ the two paths were even on the bundled pair
+MIN_WEIGHT = 1 << 16  # fewest weight elements: below, oneDNN's fixed cost ate its gain (384 x 128)
+
+_available: bool | None = None  # probed once, on first use
+
+
+def available() -> bool:
+    """Whether this build's oneDNN packed linear exists and agrees with F.linear on a probe."""
+    global _available
+    if _available is None:
+        try:
+            g = torch.Generator().manual_seed(0)
+            w, x = torch.randn(96, 64, generator=g), torch.randn(3, 64, generator=g)
+            y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, None),
+                                                   None, "none", [], "")
+            _available = bool(torch.backends.mkldnn.is_available()) and \
+                torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4)
+        except (AttributeError, RuntimeError):  # no mkldnn ops in this build
+            _available = False
+    return _available
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) with the small-batch CPU path above."""
+
+    _packed: torch.Tensor | None = None
+    _packed_of: tuple[int, int] = (-1, -1)  # (data_ptr, version) of the weight that was packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        m = x.numel() // x.shape[-1]  # rows
+        if (2 <= m <= SMALL_M_MAX and w.numel() >= MIN_WEIGHT and not torch.is_grad_enabled()
+                and w.device.type == "cpu" and w.dtype == torch.float32 == x.dtype and available()):
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, -1), self._packed_weight(), self.bias,
+                                                   "none", [], "")  # (m, out)
+            return y.view(*x.shape[:-1], -1)
+        return F.linear(x, w, self.bias)
+
+    def _packed_weight(self) -> torch.Tensor:
+        """The weight in oneDNN's layout, packed again whenever the weight changed (a load, a
+        training step, a tied embedding's update)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._packed is None or self._packed_of != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            self._packed_of = key
+        return self._packed
