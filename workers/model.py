@@ -16,9 +16,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
-
 import torch.nn.functional as F
 
 from workers import padding
@@ -68,13 +68,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one op where the composite below takes eight (~6 us each on CPU)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
 
 
 def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables of shape (n_pos, hd // 2), with Llama-3 frequency scaling when configured."""
+    """cos, sin tables of shape (n_pos, hd), with Llama-3 frequency scaling when configured, laid
+    out for `apply_rope`: cos over both halves, sin negated over the first half."""
     hd = cfg.hd
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     sc = cfg.rope_scaling or {}
@@ -89,15 +92,18 @@ def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tenso
     elif sc.get("rope_type", sc.get("type")) == "linear":
         inv_freq = inv_freq / sc["factor"]
     angles = torch.outer(torch.arange(n_pos, dtype=torch.float64), inv_freq)  # (n_pos, hd/2)
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos().float(), angles.sin().float()
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (n_pos, hd) each
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (..., nh, hd); cos/sin: (..., hd/2), the same leading shape ((B, T) or packed (N,)).
-    Rotate-half convention (as HF Llama)."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (..., nh, hd/2) each
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
+    """x: (..., nh, hd); cos/sin: (..., hd) from `rope_tables`, the same leading shape ((B, T) or
+    packed (N,)). Rotate-half convention (as HF Llama): [x1 c - x2 s, x2 c + x1 s] computed as
+    x [c, c] + [x2, x1] [-s, s], the same products and sums in fewer ops."""
+    xf = x if x.dtype == torch.float32 else x.float()
+    x1, x2 = xf.chunk(2, dim=-1)  # (..., nh, hd/2) each
+    y = xf * cos.unsqueeze(-2) + torch.cat([x2, x1], dim=-1) * sin.unsqueeze(-2)  # (..., nh, hd)
+    return y if y.dtype == x.dtype else y.type_as(x)
 
 
 class Attention(nn.Module):
@@ -264,7 +270,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         cos, sin = rope_tables(cfg, cfg.max_seq_len + 1)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len + 1, hd/2)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len + 1, hd)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def init_weights(self, seed: int) -> None:
@@ -289,7 +295,7 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         pos = torch.arange(T, device=tokens.device).expand(B, T)
         x = self.embed(tokens)  # (B, T, dim)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, T, hd/2)
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, T, hd)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, None, None)
         return self.lm_head(self.norm(x))
@@ -312,30 +318,19 @@ class Transformer(nn.Module):
         """
         B, T = tokens.shape
         dev = self.device
-        start = cache.lengths_t(slots)  # (B,) long, on the cache's device
-        t = torch.arange(T, device=dev)
-        positions = start[:, None] + t[None, :]  # (B, T)
-        end = start + n_new  # (B,)
-        if int(end.max()) > cache.max_len:
+        slots_h, n_h = slots.cpu().numpy(), n_new.cpu().numpy()  # (B,) each, on the host
+        start_h = cache.lengths[slots_h]  # (B,)
+        span = int((start_h + n_h).max())
+        if span > cache.max_len:
             raise ValueError(f"sequence exceeds the context of {cache.max_len} tokens")
         rep = self.cfg.n_heads // self.cfg.n_kv_heads
-        n_valid = int(n_new.sum())
-        if padding.runs_padded(B, T, n_valid):  # (nearly) every row full: one padded part, no packing
-            pack = None
-            span = int(end.max())
-            parts = [AttnPart((B, T), cache.slot_index(slots), span, _visible(positions, span, rep))]
+        tokens = tokens.flatten()  # (B*T,)
+        if padding.runs_padded(B, T, int(n_h.sum())):  # (nearly) every row full: one padded part, no packing
+            meta, pos_c = self._padded_meta(cache, slots_h, start_h, T, span, rep)
         else:  # per-token layers run on the N valid tokens only; attention padded (or in two parts)
-            pack = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,)
-            parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
-        write_slots = slots[:, None].expand(B, T).flatten()  # (B*T,)
-        pos_c = positions.clamp(max=self.cfg.max_seq_len).flatten()  # (B*T,)
-        # a padded token's key lands past its sequence's new length (never read: the next write
-        # there overwrites it), or in the scratch column where it would pass the cache's end
-        tokens, write_pos = tokens.flatten(), positions.clamp(max=cache.max_len).flatten()
-        if pack is not None:
-            tokens, write_slots, write_pos, pos_c = tokens[pack], write_slots[pack], write_pos[pack], pos_c[pack]
-        meta = BatchMeta(positions, pack, write_slots, write_pos, parts)
-        cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (N, hd/2)
+            meta, pos_c = self._packed_meta(cache, slots, torch.from_numpy(start_h).to(dev), n_new, T, rep)
+            tokens = tokens[meta.pack]
+        cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (N, hd)
         x = self.embed(tokens)  # (N, dim)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache, meta)
@@ -343,12 +338,50 @@ class Transformer(nn.Module):
         if not logits:
             return None
         if last:  # each sequence's last new token: its row in the packed (N,) or flat (B*T,) batch
-            idx = torch.cumsum(n_new, 0) - 1 if pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)
-            return self.lm_head(self.norm(x[idx])).float()  # (B, V)
+            if T > 1:
+                x = x[torch.cumsum(n_new, 0) - 1 if meta.pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)]
+            return self.lm_head(self.norm(x)).float()  # (B, V)
         out = self.lm_head(self.norm(x)).float()  # (N, V)
-        if pack is None:
+        if meta.pack is None:
             return out.view(B, T, -1)
-        return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, pack, out).view(B, T, -1)
+        return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, meta.pack, out).view(B, T, -1)
+
+    def _padded_meta(self, cache: KVCache, slots: np.ndarray, start: np.ndarray, T: int, span: int,
+                     rep: int) -> tuple[BatchMeta, torch.Tensor]:
+        """A batch run padded to (B, T) as one attention part, its indices built on the host (a
+        draft pass at batch 1 spent a third of its time building them with small tensor ops).
+        Returns the metadata and each token's RoPE position (B*T,)."""
+        dev = self.device
+        positions = start[:, None] + np.arange(T)  # (B, T); padded queries see stale keys, and are dropped
+        if T == 1 and (start == start[0]).all():
+            mask = None  # each row's one query sees all of its span keys
+        else:
+            visible = np.arange(span)[None, None, :] <= positions[:, :, None]  # (B, T, span)
+            mask = torch.from_numpy(np.tile(visible[:, None], (1, 1, rep, 1))).to(dev)  # (B, 1, rep*T, span)
+        index = slice(int(slots[0]), int(slots[0]) + len(slots)) if (np.diff(slots) == 1).all() \
+            else torch.from_numpy(slots).to(dev)
+        # a padded token's key lands past its sequence's new length (never read: the next write
+        # there overwrites it), or in the scratch column where it would pass the cache's end
+        write_slots = torch.from_numpy(np.repeat(slots, T)).to(dev)  # (B*T,)
+        write_pos = torch.from_numpy(np.minimum(positions, cache.max_len).ravel()).to(dev)  # (B*T,)
+        pos_c = torch.from_numpy(np.minimum(positions, self.cfg.max_seq_len).ravel()).to(dev)  # (B*T,)
+        meta = BatchMeta(torch.from_numpy(positions), None, write_slots, write_pos,
+                         [AttnPart((len(slots), T), index, span, mask)])
+        return meta, pos_c
+
+    def _packed_meta(self, cache: KVCache, slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tensor,
+                     T: int, rep: int) -> tuple[BatchMeta, torch.Tensor]:
+        """A ragged batch: per-token layers on its N valid tokens, attention in one padded part or
+        two (`attention_parts`). Returns the metadata and each valid token's RoPE position (N,)."""
+        B, dev = len(slots), self.device
+        t = torch.arange(T, device=dev)
+        positions = start[:, None] + t[None, :]  # (B, T)
+        pack = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,)
+        parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
+        write_slots = slots[:, None].expand(B, T).flatten()[pack]  # (N,)
+        write_pos = positions.flatten()[pack]  # (N,): valid tokens stay inside the cache
+        pos_c = positions.clamp(max=self.cfg.max_seq_len).flatten()[pack]  # (N,)
+        return BatchMeta(positions, pack, write_slots, write_pos, parts), pos_c
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
