@@ -8,7 +8,7 @@ and over 4 tokens 1.67x. oneDNN's matmul on weights packed once into its blocked
 depends on the token count there: 1.05x at 2 tokens, 1.14x at 4. So inference on CPU takes that
 path for 2..SMALL_M_MAX rows and keeps the default for one row (a matrix-vector product, faster
 than oneDNN there), for larger batches (where the two are about even) and for weights too small
-to gain (the draft's attention projections).
+to gain (all of the draft's but its LM head).
 
 The choice changes only rounding: both paths compute x @ W.T + b in fp32. Training (autograd on),
 other devices and other dtypes use `F.linear`, and so does any build whose oneDNN ops are missing
@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SMALL_M_MAX = 64  # most rows through oneDNN; at 128+ the two paths were even on the bundled pair
-MIN_WEIGHT = 1 << 16  # fewest weight elements: below, oneDNN's fixed cost ate its gain (384 x 128)
+MIN_WEIGHT = 1 << 18  # fewest weight elements: oneDNN costs ~25 us a call here whatever the size, so
+# at 384 x 384 the two were even and at 512 x 192 (the draft's MLP) oneDNN lost
 
 _available: bool | None = None  # probed once, on first use
 

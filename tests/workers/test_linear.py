@@ -40,7 +40,7 @@ def test_few_rows_take_the_packed_path_and_one_row_does_not():
         assert lin._packed is None  # a matrix-vector product: the default path
         lin(torch.randn(4, 384))
         assert lin._packed is not None
-    small = _layer(384, 128)  # 49k weights: below MIN_WEIGHT
+    small = _layer(384, 384)  # 147k weights: below MIN_WEIGHT
     with torch.inference_mode():
         small(torch.randn(4, 384))
     assert small._packed is None
