@@ -7,8 +7,8 @@ sizes. On the bundled target (2-core AMD EPYC) a pass over 2 tokens cost 1.36x a
 and over 4 tokens 1.67x. oneDNN's matmul on weights packed once into its blocked layout barely
 depends on the token count there: 1.05x at 2 tokens, 1.14x at 4. So inference on CPU takes that
 path for 2..SMALL_M_MAX rows and keeps the default for one row (a matrix-vector product, faster
-than oneDNN there), for larger batches (where the two are about even) and for weights too small
-to gain (all of the draft's but its LM head).
+than oneDNN there), for larger batches (where the two are about even), for weights too small
+to gain (all of the draft's but its LM head) and for weights too large to copy.
 
 The choice changes only rounding: both paths compute x @ W.T + b in fp32. Training (autograd on),
 other devices and other dtypes use `F.linear`, and so does any build whose oneDNN ops are missing
@@ -24,6 +24,8 @@ import torch.nn.functional as F
 SMALL_M_MAX = 64  # most rows through oneDNN; at 128+ the two paths were even on the bundled pair
 MIN_WEIGHT = 1 << 18  # fewest weight elements: oneDNN costs ~25 us a call here whatever the size, so
 # at 384 x 384 the two were even and at 512 x 192 (the draft's MLP) oneDNN lost
+MAX_WEIGHT = 1 << 22  # most: the packed copy doubles a weight's memory, which a CPU user of a
+# multi-GB model would rather keep (oneDNN was faster there too: 4096 x 4096, 2 rows, 1.9 vs 4.4 ms)
 
 _available: bool | None = None  # probed once, on first use
 
@@ -53,7 +55,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         m = x.numel() // x.shape[-1]  # rows
-        if (2 <= m <= SMALL_M_MAX and w.numel() >= MIN_WEIGHT and not torch.is_grad_enabled()
+        if (2 <= m <= SMALL_M_MAX and MIN_WEIGHT <= w.numel() <= MAX_WEIGHT and not torch.is_grad_enabled()
                 and w.device.type == "cpu" and w.dtype == torch.float32 == x.dtype and available()):
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, -1), self._packed_weight(), self.bias,
                                                    "none", [], "")  # (m, out)

@@ -47,6 +47,16 @@ def test_few_rows_take_the_packed_path_and_one_row_does_not():
 
 
 @needs_onednn
+def test_a_weight_too_large_to_copy_keeps_the_default_path(monkeypatch):
+    monkeypatch.setattr(workers.linear, "MAX_WEIGHT", 384 * 1024 - 1)
+    lin, x = _layer(), torch.randn(4, 384)
+    with torch.inference_mode():
+        y = lin(x)
+    assert lin._packed is None
+    torch.testing.assert_close(y, F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
 def test_a_changed_weight_is_packed_again():
     lin, x = _layer(), torch.randn(4, 384)
     with torch.inference_mode():
