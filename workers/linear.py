@@ -41,8 +41,9 @@ def available() -> bool:
                                                    None, "none", [], "")
             _available = bool(torch.backends.mkldnn.is_available()) and \
                 torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4)
-        except (AttributeError, RuntimeError):  # no mkldnn ops in this build
+        except Exception:  # no mkldnn ops in this build, or no kernel for this CPU
             _available = False
+        _available = _available and bool(torch.backends.mkldnn.enabled)
     return _available
 
 
@@ -61,6 +62,19 @@ class Linear(nn.Linear):
                                                    "none", [], "")  # (m, out)
             return y.view(*x.shape[:-1], -1)
         return F.linear(x, w, self.bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to(), .half(), ... may swap the weight's data in place, keeping its version, and a new
+        # buffer may reuse the old address: drop the packed copy rather than trust the key
+        self._packed, self._packed_of = None, (-1, -1)
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        # the packed weight is an opaque oneDNN tensor, which neither copies nor pickles
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        state.pop("_packed_of", None)
+        return state
 
     def _packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's layout, packed again whenever the weight changed (a load, a

@@ -194,7 +194,7 @@ class AttnPart:
     shape: tuple[int, int]  # (Bp, Tp)
     read_index: slice | torch.Tensor  # their cache slots (a slice when consecutive: no copy)
     span: int  # S: keys to read
-    mask: torch.Tensor  # (Bp, 1, rep*Tp, S) bool: key s visible to query t (repeated per query head)
+    mask: Optional[torch.Tensor]  # (Bp, 1, rep*Tp, S) bool: key s visible to query t (repeated per query head); None: all
     src: Optional[torch.Tensor] = None  # (n,) long: the part's queries' rows in the packed batch
     dst: Optional[torch.Tensor] = None  # (n,) long: the same queries' rows in the (Bp*Tp) padding
 
@@ -355,9 +355,11 @@ class Transformer(nn.Module):
         positions = start[:, None] + np.arange(T)  # (B, T); padded queries see stale keys, and are dropped
         if T == 1 and (start == start[0]).all():
             mask = None  # each row's one query sees all of its span keys
-        else:
+        elif dev.type == "cpu":
             visible = np.arange(span)[None, None, :] <= positions[:, :, None]  # (B, T, span)
-            mask = torch.from_numpy(np.tile(visible[:, None], (1, 1, rep, 1))).to(dev)  # (B, 1, rep*T, span)
+            mask = torch.from_numpy(np.tile(visible[:, None], (1, 1, rep, 1)))  # (B, 1, rep*T, span)
+        else:  # built where it is read, not copied there every pass
+            mask = _visible(torch.from_numpy(positions).to(dev), span, rep)  # (B, 1, rep*T, span)
         index = slice(int(slots[0]), int(slots[0]) + len(slots)) if (np.diff(slots) == 1).all() \
             else torch.from_numpy(slots).to(dev)
         # a padded token's key lands past its sequence's new length (never read: the next write

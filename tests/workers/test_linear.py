@@ -71,6 +71,25 @@ def test_a_changed_weight_is_packed_again():
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-4, atol=1e-4)
 
 
+@needs_onednn
+def test_a_layer_that_has_packed_copies_pickles_and_moves():
+    """The packed weight is an opaque oneDNN tensor: copies and pickles leave it behind, and a
+    dtype round trip packs again from the converted weight."""
+    import copy
+    import pickle
+    lin, x = _layer(), torch.randn(4, 384)
+    with torch.inference_mode():
+        want = lin(x)
+    for other in (copy.deepcopy(lin), pickle.loads(pickle.dumps(lin))):
+        assert other._packed is None
+        with torch.inference_mode():
+            torch.testing.assert_close(other(x), want, rtol=1e-4, atol=1e-4)
+    lin.half().float()  # the weight rounded to fp16 and back, in place
+    assert lin._packed is None
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-4, atol=1e-4)
+
+
 def test_training_takes_the_default_path_and_gets_gradients():
     lin = _layer()
     x = torch.randn(4, 384, requires_grad=True)
