@@ -63,12 +63,13 @@ class KVCache:
         self.v[layer][slots, :, pos] = v.to(self.v.dtype)
 
     @staticmethod
-    def slot_index(slots: torch.Tensor) -> slice | torch.Tensor:
-        """A slice when the slots are consecutive (reads are then views, not copies)."""
-        first = int(slots[0])
-        if torch.equal(slots.cpu(), torch.arange(first, first + len(slots))):
-            return slice(first, first + len(slots))
-        return slots
+    def slot_index(slots: torch.Tensor | np.ndarray) -> slice | torch.Tensor:
+        """A slice when the slots are consecutive (reads are then views, not copies), else the
+        slots as a tensor (host slots: on the host; the caller moves them)."""
+        h = slots.cpu().numpy() if torch.is_tensor(slots) else slots
+        if (np.diff(h) == 1).all():
+            return slice(int(h[0]), int(h[0]) + len(h))
+        return slots if torch.is_tensor(slots) else torch.from_numpy(slots)
 
     def read(self, layer: int, index: slice | torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the first `span` positions: two (B, nkv, span, hd) tensors."""

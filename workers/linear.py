@@ -39,11 +39,10 @@ def available() -> bool:
             w, x = torch.randn(96, 64, generator=g), torch.randn(3, 64, generator=g)
             y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, None),
                                                    None, "none", [], "")
-            _available = bool(torch.backends.mkldnn.is_available()) and \
-                torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4)
+            _available = bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) \
+                and torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4)
         except Exception:  # no mkldnn ops in this build, or no kernel for this CPU
             _available = False
-        _available = _available and bool(torch.backends.mkldnn.enabled)
     return _available
 
 

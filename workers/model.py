@@ -355,13 +355,11 @@ class Transformer(nn.Module):
         positions = start[:, None] + np.arange(T)  # (B, T); padded queries see stale keys, and are dropped
         if T == 1 and (start == start[0]).all():
             mask = None  # each row's one query sees all of its span keys
-        elif dev.type == "cpu":
-            visible = np.arange(span)[None, None, :] <= positions[:, :, None]  # (B, T, span)
-            mask = torch.from_numpy(np.tile(visible[:, None], (1, 1, rep, 1)))  # (B, 1, rep*T, span)
-        else:  # built where it is read, not copied there every pass
+        else:
             mask = _visible(torch.from_numpy(positions).to(dev), span, rep)  # (B, 1, rep*T, span)
-        index = slice(int(slots[0]), int(slots[0]) + len(slots)) if (np.diff(slots) == 1).all() \
-            else torch.from_numpy(slots).to(dev)
+        index = cache.slot_index(slots)
+        if torch.is_tensor(index):
+            index = index.to(dev)
         # a padded token's key lands past its sequence's new length (never read: the next write
         # there overwrites it), or in the scratch column where it would pass the cache's end
         write_slots = torch.from_numpy(np.repeat(slots, T)).to(dev)  # (B*T,)
