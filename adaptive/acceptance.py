@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
+from specdepth.adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
 
 EPS = 1e-6
 IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t

@@ -30,20 +30,18 @@ import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import ray
 
-from adaptive.acceptance import AcceptanceModel
-from adaptive.controller import Controller
-from adaptive.cost_model import CostModel, FixedCost
-from adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, submit_all, validate_request
-from workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
+from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.cost_model import CostModel, FixedCost
+from specdepth.adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, submit_all, validate_request
+from specdepth.workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
 
 log = logging.getLogger("specdepth.cluster")
-REPO_ROOT = str(Path(__file__).resolve().parents[1])
 RETRY_S = 0.2  # how soon to call a restarting actor again
 
 
@@ -65,10 +63,6 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> b
     if address:
         ray.init(address=address)
         return False
-    # Local workers import specdepth from the driver's cwd; make the checkout importable anywhere.
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if REPO_ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *filter(None, paths)])
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
              dashboard_host="127.0.0.1")
     return True

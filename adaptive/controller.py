@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
+from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
 
 log = logging.getLogger("specdepth.controller")
 
@@ -54,8 +54,8 @@ class Controller:
             time_verify: time the causal `verify` calls, for the policy's `StepOutcome` (default:
                 as `learn_cost`; a replica's controller times them for the controller it serves).
         """
-        from adaptive.acceptance import AcceptanceModel
-        from adaptive.cost_model import FixedCost
+        from specdepth.adaptive.acceptance import AcceptanceModel
+        from specdepth.adaptive.cost_model import FixedCost
         self.policy = policy
         self.max_depth = max_depth
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)

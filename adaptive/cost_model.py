@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adaptive.cost_kernels import by_n_kernel, prices_kernel, refresh_kernel, row_kernel
+from specdepth.adaptive.cost_kernels import by_n_kernel, prices_kernel, refresh_kernel, row_kernel
 
 FORMAT = "specdepth-cost-v1"
 
@@ -838,5 +838,5 @@ def parse_cost(spec: str) -> CostModel:
 
 def profile(*args: Any, **kwargs: Any) -> ProfiledCost:
     """Time real forwards; see `adaptive.profiler.profile` (imported lazily: it needs torch)."""
-    from adaptive.profiler import profile as _profile
+    from specdepth.adaptive.profiler import profile as _profile
     return _profile(*args, **kwargs)

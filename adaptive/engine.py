@@ -15,8 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from adaptive.controller import Controller
-from workers.runner import PairRunner
+from specdepth.adaptive.controller import Controller
+from specdepth.workers.runner import PairRunner
 
 
 class RequestError(ValueError):

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from adaptive.cost_model import ProfiledCost
-from workers.kv_cache import KVCache
-from workers.model import Transformer
+from specdepth.adaptive.cost_model import ProfiledCost
+from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.model import Transformer
 
 TOKEN_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)  # fine where depth choices are made
 CTX_GRID = (0, 1024, 4096, 16384)

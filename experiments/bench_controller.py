@@ -1,6 +1,6 @@
 """How long dspark's decisions take per step: plan + keep_drafting + the causal verify calls.
 
-    python -m experiments.bench_controller [--batch 1 16 256] [--depth 8] [--steps 300]
+    python -m specdepth.experiments.bench_controller [--batch 1 16 256] [--depth 8] [--steps 300]
 
 Each step draws fresh per-sequence acceptance rates and context lengths, runs `plan`, then drafts
 as the engine would: after each pass j, `keep_drafting` sees the confidences of positions 1..j
@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from adaptive.cost_model import FixedCost, RooflineCost
-from policies.base import DraftContext, PlanContext, StepCost, VerifyContext
-from policies.dspark import DSpark
+from specdepth.adaptive.cost_model import FixedCost, RooflineCost
+from specdepth.policies.base import DraftContext, PlanContext, StepCost, VerifyContext
+from specdepth.policies.dspark import DSpark
 
 COSTS: dict[str, StepCost] = {
     "dense": RooflineCost(gpu="h200", target_b=27.0, draft_b=1.0),

@@ -1,7 +1,7 @@
 """Engine benchmark: tokens/s and mean step time by batch size and fixed depth, the target's
 forward time vs step tokens, and step time vs generated length. All in one run, on this CPU.
 
-    python -m experiments.bench_engine [--random] [--threads 2]
+    python -m specdepth.experiments.bench_engine [--random] [--threads 2]
 
 Uses the bundled pair (held-out prompts, --ignore-eos); --random uses random models of the same
 size (acceptance then near 0, so depth > 0 only shows the cost of speculating).
@@ -15,10 +15,10 @@ import time
 import numpy as np
 import torch
 
-from adaptive.engine import Engine, Request
-from workers.bundled import heldout_prompts, load_pair
-from workers.kv_cache import KVCache
-from workers.runner import PairRunner
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.workers.bundled import heldout_prompts, load_pair
+from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.runner import PairRunner
 
 
 def run_fixed(pair, prompts_ids, batch: int, depth: int, new_tokens: int) -> tuple[float, float, float]:

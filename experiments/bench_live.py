@@ -1,6 +1,6 @@
 """Live benchmark on the bundled pair: tokens/s of depth policies by batch size, in one run.
 
-    python -m experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--rounds 3] [--warm-steps 64]
+    python -m specdepth.experiments.bench_live [--batches 1,4,16,64] [--tokens 48] [--rounds 3] [--warm-steps 64]
 
 Greedy, held-out prompts, --ignore-eos. Every policy gets the same prompts, the same warmed-up
 acceptance statistics (learned once on separate warm-up prompts) and the same cost model to
@@ -48,14 +48,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaptive.acceptance import AcceptanceModel
-from adaptive.controller import Controller
-from adaptive.cost_model import CostModel
-from adaptive.engine import Engine, Request
-from experiments.cmd_generate import build_cost
-from policies.registry import make_policy
-from workers.bundled import heldout_prompts, load_pair
-from workers.runner import PairRunner
+from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.cost_model import CostModel
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.experiments.cmd_generate import build_cost
+from specdepth.policies.registry import make_policy
+from specdepth.workers.bundled import heldout_prompts, load_pair
+from specdepth.workers.runner import PairRunner
 
 POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "turbospec", "vllm-adaptive", "dspark"] \
     + [f"bare:k={k}" for k in range(3)]

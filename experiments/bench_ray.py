@@ -2,7 +2,7 @@
 same prompts, same policy (dspark) and cost model, at batch 1 and 16, in one run; then where the
 Ray path's extra time per step goes.
 
-    python -m experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32]
+    python -m specdepth.experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32]
 
 Uses the bundled pair and its held-out prompts; if the bundled weights are missing, random models
 of the same size and random prompts (said in the output; acceptance is then near 0, so this
@@ -20,20 +20,20 @@ import time
 import numpy as np
 import torch
 
-from adaptive.cluster import ClusterConfig, ClusterController, init_ray
-from adaptive.controller import Controller
-from adaptive.engine import Engine, EngineStats, Request
-from adaptive.profiler import profile
-from policies.registry import make_policy
-from workers.actors import PairSpec, ReplicaConfig, StepParams, StepPlan
-from workers.runner import PairRunner
+from specdepth.adaptive.cluster import ClusterConfig, ClusterController, init_ray
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.engine import Engine, EngineStats, Request
+from specdepth.adaptive.profiler import profile
+from specdepth.policies.registry import make_policy
+from specdepth.workers.actors import PairSpec, ReplicaConfig, StepParams, StepPlan
+from specdepth.workers.runner import PairRunner
 
 
 def random_pair(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     """Random-init models of the sizes experiments/train_pair.py trains (a PairSpec factory, so
     replicas build the same ones)."""
-    from experiments.train_pair import DRAFT_CFG, TARGET_CFG
-    from workers.model import Transformer
+    from specdepth.experiments.train_pair import DRAFT_CFG, TARGET_CFG
+    from specdepth.workers.model import Transformer
     target, draft = Transformer(TARGET_CFG), Transformer(DRAFT_CFG)
     target.init_weights(seed)
     draft.init_weights(seed + 1)
@@ -43,7 +43,7 @@ def random_pair(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
 def load(n_prompts: int) -> tuple[PairSpec, object, object, list[list[int]], str]:
     """(spec for replicas, target, draft, prompt ids, description)."""
     try:
-        from workers.bundled import heldout_prompts, load_pair
+        from specdepth.workers.bundled import heldout_prompts, load_pair
         pair = load_pair(device="cpu")
         prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(n_prompts)]
         return PairSpec(), pair.target, pair.draft, prompts, "bundled pair, held-out prompts"
@@ -51,7 +51,7 @@ def load(n_prompts: int) -> tuple[PairSpec, object, object, list[list[int]], str
         target, draft = random_pair()
         rng = np.random.default_rng(0)
         prompts = [rng.integers(0, target.cfg.vocab_size, int(rng.integers(8, 48))).tolist() for _ in range(n_prompts)]
-        return (PairSpec(factory="experiments.bench_ray:random_pair"), target, draft, prompts,
+        return (PairSpec(factory="specdepth.experiments.bench_ray:random_pair"), target, draft, prompts,
                 f"RANDOM models of the bundled size ({e}); random prompts")
 
 

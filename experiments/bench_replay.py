@@ -1,6 +1,6 @@
 """How fast the replay simulator runs: simulated sequence-steps per minute of wall time.
 
-    python -m experiments.bench_replay [--concurrency 64 128 256] [--policies off static:k=3 ...]
+    python -m specdepth.experiments.bench_replay [--concurrency 64 128 256] [--policies off static:k=3 ...]
 
 Replays a synthetic trace (alpha 0.8, K = 8) through each policy at each concurrency on the H200
 roofline, one thread, and prints the figure per run and overall (the target: >= 1M per minute at
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from experiments.cmd_synth import synth_traces
-from experiments.replay import replay
+from specdepth.experiments.cmd_synth import synth_traces
+from specdepth.experiments.replay import replay
 
 POLICIES = ("off", "static:k=3", "vllm-disable:k=3,threshold=32", "hf-confidence", "specdec++", "turbospec",
             "vllm-adaptive", "dspark", "oracle")

@@ -16,9 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
-            mod = importlib.import_module(f"experiments.cmd_{name}")
+            mod = importlib.import_module(f"specdepth.experiments.cmd_{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"experiments.cmd_{name}":
+            if e.name != f"specdepth.experiments.cmd_{name}":
                 raise
             continue
         mod.register(sub)

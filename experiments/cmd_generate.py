@@ -62,11 +62,11 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def build_cost(spec: str, pair, device: str):
     """The cost model: a spec, or `auto` = this machine's profile of this pair (cached)."""
-    from adaptive.cost_model import parse_cost
+    from specdepth.adaptive.cost_model import parse_cost
     if spec != "auto":
         return parse_cost(spec)
-    from adaptive.cost_model import load_cost
-    from adaptive.profiler import profile
+    from specdepth.adaptive.cost_model import load_cost
+    from specdepth.adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
     # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py);
     # v6: few-token passes on CPU through oneDNN (workers/linear.py)
@@ -84,12 +84,12 @@ def build_cost(spec: str, pair, device: str):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from adaptive.controller import Controller
-    from adaptive.engine import Engine, Request
-    from policies.registry import make_policy
-    from workers.bundled import load_pair
-    from workers.runner import PairRunner
-    from workers.sampler import SamplingParams
+    from specdepth.adaptive.controller import Controller
+    from specdepth.adaptive.engine import Engine, Request
+    from specdepth.policies.registry import make_policy
+    from specdepth.workers.bundled import load_pair
+    from specdepth.workers.runner import PairRunner
+    from specdepth.workers.sampler import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,11 +162,11 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
 
     import ray
 
-    from adaptive.cluster import ClusterConfig, ClusterController, init_ray
-    from adaptive.cost_model import CostModel, load_cost, parse_cost
-    from adaptive.engine import Request
-    from policies.registry import make_policy
-    from workers.actors import PairSpec, ReplicaConfig
+    from specdepth.adaptive.cluster import ClusterConfig, ClusterController, init_ray
+    from specdepth.adaptive.cost_model import CostModel, load_cost, parse_cost
+    from specdepth.adaptive.engine import Request
+    from specdepth.policies.registry import make_policy
+    from specdepth.workers.actors import PairSpec, ReplicaConfig
 
     started = init_ray()
     tok = _tokenizer(args.target)
@@ -203,11 +203,11 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
 
 def _tokenizer(target: str | None):
     """The pair's tokenizer, loaded here without the models (they load in the replicas)."""
-    from workers.bundled import BUNDLED_DIR
-    from workers.tokenizer import Tokenizer
+    from specdepth.workers.bundled import BUNDLED_DIR
+    from specdepth.workers.tokenizer import Tokenizer
     if target is None:
         return Tokenizer(BUNDLED_DIR / "tokenizer.json")
     if Path(target).is_dir():
-        from workers.hf_loader import load_hf_tokenizer
+        from specdepth.workers.hf_loader import load_hf_tokenizer
         return load_hf_tokenizer(Path(target))
     return Tokenizer(Path(target).parent / "tokenizer.json")

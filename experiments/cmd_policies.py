@@ -11,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policies.registry import list_policies
+    from specdepth.policies.registry import list_policies
     rows = list_policies()
     width = max(len(name) for name, _, _ in rows)
     for name, params, doc in rows:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptive.cost_model import ProfiledCost
+from specdepth.adaptive.cost_model import ProfiledCost
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -45,8 +45,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from adaptive.profiler import CTX_GRID, TOKEN_GRID, profile
-    from workers.bundled import load_pair
+    from specdepth.adaptive.profiler import CTX_GRID, TOKEN_GRID, profile
+    from specdepth.workers.bundled import load_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)

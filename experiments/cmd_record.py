@@ -63,8 +63,8 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from experiments.traces import record_traces
-    from workers.bundled import heldout_prompts, load_pair
+    from specdepth.experiments.traces import record_traces
+    from specdepth.workers.bundled import heldout_prompts, load_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)

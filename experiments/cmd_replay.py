@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.replay import load_arrivals, replay
-from experiments.traces import TraceError, load_trace_files
+from specdepth.experiments.replay import load_arrivals, replay
+from specdepth.experiments.traces import TraceError, load_trace_files
 
 
 ARRIVALS_DEFAULT = 1000  # arrivals replayed when --requests is not given (the Azure files hold ~10^4)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.traces import TraceHeader, TraceRequest, TraceSet
+from specdepth.experiments.traces import TraceHeader, TraceRequest, TraceSet
 
 SPREAD = 20  # tokens sharing the draft's non-top-1 mass, for the synthetic entropy
 

@@ -17,9 +17,9 @@ import json
 import math
 import sys
 
-from experiments.cmd_replay import _ints, add_load_args
-from experiments.replay import replay
-from experiments.traces import TraceError, TraceSet, load_trace_files
+from specdepth.experiments.cmd_replay import _ints, add_load_args
+from specdepth.experiments.replay import replay
+from specdepth.experiments.traces import TraceError, TraceSet, load_trace_files
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
 

@@ -1,6 +1,6 @@
 """Held-out acceptance of the bundled pair (or any pair): the numbers the model card reports.
 
-    python -m experiments.eval_pair [--prompts 200] [--tokens 64] [--card]
+    python -m specdepth.experiments.eval_pair [--prompts 200] [--tokens 64] [--card]
 
 For every output position t of the target's greedy continuation of each held-out prompt, the
 draft proposes its greedy chain of K = 8 tokens from the true prefix; the curve is, for j = 1..8,
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from workers.bundled import BUNDLED_DIR, Pair, heldout_prompts, load_pair
-from workers.runner import PairRunner
+from specdepth.workers.bundled import BUNDLED_DIR, Pair, heldout_prompts, load_pair
+from specdepth.workers.runner import PairRunner
 
 K = 8
 
@@ -89,7 +89,7 @@ def evaluate(pair: Pair, n_prompts: int, tokens: int) -> dict:
 @torch.inference_mode()
 def per_token_ms(model, batch: int, ctx: int = 128, repeats: int = 7) -> float:
     """Median ms per generated token of one decode pass at `batch` sequences (1 token each)."""
-    from workers.kv_cache import KVCache
+    from specdepth.workers.kv_cache import KVCache
     cache = KVCache(model.cfg.n_layers, batch, model.cfg.n_kv_heads, model.cfg.hd, ctx + 2,
                     model.embed.weight.dtype, model.device)
     slots = torch.tensor([cache.allocate() for _ in range(batch)])
@@ -142,7 +142,7 @@ Draft/target time per token: {speed["draft_b1"] / speed["target_b1"]:.3f} at bat
 
 ## Acceptance on held-out prompts
 
-`python -m experiments.eval_pair`: {res["prompts"]} prompts, {res["positions"]} positions; at each
+`python -m specdepth.experiments.eval_pair`: {res["prompts"]} prompts, {res["positions"]} positions; at each
 position of the target's greedy continuation the draft's greedy chain of K = 8 from the true prefix.
 
 | j | {" | ".join(str(j) for j in range(1, K + 1))} |
@@ -155,7 +155,7 @@ when < 0.4: {res["p1_accept_top1_lt_0.4"]:.3f} ({res["frac_top1_lt_0.4"]:.0%}).
 
 Training times are wall-clock on a 2-core machine shared with other work during this session
 (the target's ran at 1.0-1.2 s per step alone and up to 6 s per step under load); schedule:
-`python -m experiments.train_pair --target-steps 1500 --draft-steps 900` (resumed across
+`python -m specdepth.experiments.train_pair --target-steps 1500 --draft-steps 900` (resumed across
 shorter schedules along the way; the seed and checkpoints make it resumable, not bit-reproducible).
 
 Caveat: like any small greedy LM it falls into repetition loops (below), and the draft repeats

@@ -1,8 +1,8 @@
 """GPU readiness: profile an 8B Llama-shaped target (random init, bf16, no download) and a 1B
 draft on this GPU, write the cost table, and run the greedy losslessness tests on the device.
 
-    python -m experiments.gpu_check --out DIR        # on a GPU: the full check
-    python -m experiments.gpu_check --out DIR --tiny # tiny sizes (automatic on a CPU)
+    python -m specdepth.experiments.gpu_check --out DIR        # on a GPU: the full check
+    python -m specdepth.experiments.gpu_check --out DIR --tiny # tiny sizes (automatic on a CPU)
 
 Writes DIR/profile-<size>-<dtype>-<device>.json (a ProfiledCost: `--cost` reuses this GPU's
 curve in replays), DIR/lossless.log and DIR/gpu_check.json, and prints a short table: step time
@@ -25,9 +25,9 @@ from typing import Iterator
 
 import torch
 
-from adaptive.profiler import profile
-from experiments.cmd_profile import summary
-from workers.model import ModelConfig, Transformer
+from specdepth.adaptive.profiler import profile
+from specdepth.experiments.cmd_profile import summary
+from specdepth.workers.model import ModelConfig, Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 # Llama-3-8B and Llama-3.2-1B shapes (vocabulary shared, as a draft/target pair needs).

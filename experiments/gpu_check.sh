@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu_check_out}}"
 [ $# -gt 0 ] && shift
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi: CPU, tiny mode"
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec python -m experiments.gpu_check --out "$out" "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec python -m specdepth.experiments.gpu_check --out "$out" "$@"

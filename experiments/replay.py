@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.acceptance import AcceptanceModel
-from adaptive.controller import Controller
-from adaptive.cost_model import CostModel, parse_cost
-from experiments.traces import TraceSet
-from policies.base import DepthPolicy
-from policies.registry import make_policy
-from workers.padding import free_verify
+from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.cost_model import CostModel, parse_cost
+from specdepth.experiments.traces import TraceSet
+from specdepth.policies.base import DepthPolicy
+from specdepth.policies.registry import make_policy
+from specdepth.workers.padding import free_verify
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023"
 AZURE_NAMES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}

@@ -354,8 +354,8 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
     """
     from tqdm import tqdm
 
-    from workers.runner import PairRunner
-    from workers.sampler import SamplingParams
+    from specdepth.workers.runner import PairRunner
+    from specdepth.workers.sampler import SamplingParams
 
     tok = getattr(pair, "tokenizer", None)
     if tok is None and any(isinstance(p, str) for p in prompts):
@@ -416,7 +416,7 @@ def _accept_probs(pair: Any, prompt: list[int], tokens: np.ndarray, chains: np.n
     the temperature) after prompt + tokens[:t] + chain[:j]. Full causal forwards, no cache."""
     import torch
 
-    from workers.sampler import SamplingParams, probs_from_logits
+    from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
     sp = SamplingParams(temperature=temperature)
     T, K = chains.shape

@@ -1,6 +1,6 @@
 """Train the bundled draft/target pair on the standard library's sources.
 
-    python -m experiments.train_pair --work /tmp/pair --out workers/bundled
+    python -m specdepth.experiments.train_pair --work /tmp/pair --out workers/bundled
 
 Stages (each resumable from its checkpoint in --work, each skipped when already finished):
 1. tokenizer: byte-level BPE on the train split; 2. target: next-token cross-entropy;
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from experiments.corpus import HELDOUT_MODULES, cut_prompts, read_text, split_files
-from workers.model import ModelConfig, Transformer
-from workers.tokenizer import EOT, Tokenizer
-from workers.weights import save_model
+from specdepth.experiments.corpus import HELDOUT_MODULES, cut_prompts, read_text, split_files
+from specdepth.workers.model import ModelConfig, Transformer
+from specdepth.workers.tokenizer import EOT, Tokenizer
+from specdepth.workers.weights import save_model
 
 TARGET_CFG = ModelConfig(vocab_size=4096, dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=1024)
 DRAFT_CFG = ModelConfig(vocab_size=4096, dim=192, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=512)

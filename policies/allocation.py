@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from policies.base import StepCost
+from specdepth.policies.base import StepCost
 
 TargetTime = Callable[[np.ndarray, int], "np.ndarray | float"]  # (N array, context tokens) -> seconds
 

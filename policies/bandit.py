@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, PlanContext, StepOutcome
+from specdepth.policies.base import DepthPolicy, PlanContext, StepOutcome
 
 
 def parse_depths(value: str | Sequence[int], what: str) -> tuple[int, ...]:

@@ -53,9 +53,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.allocation import unit
-from policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
-from policies.kernels import VerifyColumns, keep_kernel, plan_kernel, raised
+from specdepth.policies.allocation import unit
+from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
+from specdepth.policies.kernels import VerifyColumns, keep_kernel, plan_kernel, raised
 
 ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)...
 ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is large:

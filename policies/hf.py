@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome
+from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome
 
 
 class HfHeuristic(DepthPolicy):

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, PlanContext
+from specdepth.policies.base import DepthPolicy, PlanContext
 
 
 class OracleUnavailable(RuntimeError):

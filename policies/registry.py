@@ -19,14 +19,14 @@ import importlib
 import importlib.metadata
 from typing import Any
 
-from policies.bandit import Bandit
-from policies.base import DepthPolicy
-from policies.hf import HfConfidence, HfHeuristic
-from policies.oracle import Oracle
-from policies.sglang import SglangAdaptive
-from policies.specdecpp import SpecDecPP
-from policies.static import Off, Static, VllmDisable, VllmTable
-from policies.turbospec import TurboSpec
+from specdepth.policies.bandit import Bandit
+from specdepth.policies.base import DepthPolicy
+from specdepth.policies.hf import HfConfidence, HfHeuristic
+from specdepth.policies.oracle import Oracle
+from specdepth.policies.sglang import SglangAdaptive
+from specdepth.policies.specdecpp import SpecDecPP
+from specdepth.policies.static import Off, Static, VllmDisable, VllmTable
+from specdepth.policies.turbospec import TurboSpec
 
 ENTRY_POINT_GROUP = "specdepth.policies"
 
@@ -49,8 +49,8 @@ BUILTINS: dict[str, type[DepthPolicy]] = {
 
 # Built-ins that live in modules of their own, imported only when asked for (they may pull in more).
 LAZY_BUILTINS: dict[str, str] = {
-    "vllm-adaptive": "policies.vllm_adaptive:VllmAdaptive",
-    "dspark": "policies.dspark:DSpark",
+    "vllm-adaptive": "specdepth.policies.vllm_adaptive:VllmAdaptive",
+    "dspark": "specdepth.policies.dspark:DSpark",
 }
 
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, PlanContext, StepOutcome
+from specdepth.policies.base import DepthPolicy, PlanContext, StepOutcome
 
 DEFAULT_SLOTS = "1:1+3+7:0:-0.25/64:1+2+5:0:0/128:1+2+6:-0.1:0.25"
 

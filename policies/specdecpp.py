@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, DraftContext, PlanContext
+from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext
 
 
 class SpecDecPP(DepthPolicy):

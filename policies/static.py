@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, PlanContext
+from specdepth.policies.base import DepthPolicy, PlanContext
 
 
 def uniform_budgets(ctx: PlanContext, k: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
+from specdepth.policies.base import DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 
 ArrayLike = Sequence[float] | Sequence[int] | np.ndarray
 

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DepthPolicy, PlanContext, StepOutcome
+from specdepth.policies.base import DepthPolicy, PlanContext, StepOutcome
 
 
 def expected_emitted(alpha: float, k: int) -> float:

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.allocation import top_k_lengths
-from policies.base import DepthPolicy, PlanContext, StepCost, StepOutcome, VerifyContext
+from specdepth.policies.allocation import top_k_lengths
+from specdepth.policies.base import DepthPolicy, PlanContext, StepCost, StepOutcome, VerifyContext
 
 
 def slot_budget(survival: np.ndarray, num_reqs: int, cost: StepCost) -> int:

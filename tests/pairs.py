@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from workers.model import ModelConfig, Transformer
+from specdepth.workers.model import ModelConfig, Transformer
 
 
 def tiny_pair(vocab: int = 96, dim: int = 64, n_layers: int = 2, noise: float = 0.35, sharpen: float = 4.0,

@@ -45,8 +45,8 @@ import numpy as np
 import ray
 import torch
 
-from workers.runner import PairRunner
-from workers.sampler import SamplingParams
+from specdepth.workers.runner import PairRunner
+from specdepth.workers.sampler import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,7 +79,7 @@ class PairSpec:
     def load(self, device: str) -> tuple[Any, Any, tuple[int, ...], str]:
         """Returns (target, draft, eos ids, name) on `device`, eval mode."""
         if self.factory is None:
-            from workers.bundled import load_pair
+            from specdepth.workers.bundled import load_pair
             pair = load_pair(self.target, self.draft, device)
         else:
             module, _, attr = self.factory.partition(":")
@@ -202,7 +202,7 @@ class Replica:
 
     def profile(self, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
         """Time this replica's pair (`adaptive.profiler.profile`); returns the ProfiledCost dict."""
-        from adaptive.profiler import profile
+        from specdepth.adaptive.profiler import profile
         return profile(self.runner.target, self.runner.draft, quick=quick, repeats=repeats).to_dict()
 
     def step(self, plan: StepPlan) -> StepReply:
@@ -252,8 +252,8 @@ class Replica:
         """A Controller holding the controller's parameters, or None (budgets-only mode)."""
         if params is None:
             return None
-        from adaptive.acceptance import AcceptanceConfig, AcceptanceModel
-        from adaptive.controller import Controller
+        from specdepth.adaptive.acceptance import AcceptanceConfig, AcceptanceModel
+        from specdepth.adaptive.controller import Controller
         cal = params.calibration
         acc = AcceptanceModel(AcceptanceConfig(**cal["config"]))
         state = acc.state_dict()  # empty statistics: only the fit and histories are needed here

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from workers.model import Transformer
-from workers.tokenizer import Tokenizer
-from workers.weights import load_model
+from specdepth.workers.model import Transformer
+from specdepth.workers.tokenizer import Tokenizer
+from specdepth.workers.weights import load_model
 
 BUNDLED_DIR = Path(__file__).parent / "bundled_pair"
 
@@ -37,7 +37,7 @@ def default_device() -> str:
 
 def _load_one(path: Path, device: str) -> Transformer:
     if path.is_dir():
-        from workers.hf_loader import load_hf_model
+        from specdepth.workers.hf_loader import load_hf_model
         return load_hf_model(path, device=device)
     return load_model(path, device=device)
 
@@ -66,7 +66,7 @@ def load_pair(target: str | Path | None = None, draft: str | Path | None = None,
             raise FileNotFoundError(f"no model at {p} (specdepth never downloads; give a local path)")
     t, d = _load_one(tpath, device), _load_one(dpath, device)
     if tpath.is_dir():
-        from workers.hf_loader import check_same_vocab, load_hf_tokenizer
+        from specdepth.workers.hf_loader import check_same_vocab, load_hf_tokenizer
         tok = load_hf_tokenizer(tpath)
         if dpath.is_dir():
             check_same_vocab(load_hf_tokenizer(dpath), tok)

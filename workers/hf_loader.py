@@ -18,8 +18,8 @@ from typing import Any, Optional, Union
 import torch
 from safetensors import safe_open
 
-from workers.model import ModelConfig, Transformer, rope_tables
-from workers.tokenizer import EOT, Tokenizer
+from specdepth.workers.model import ModelConfig, Transformer, rope_tables
+from specdepth.workers.tokenizer import EOT, Tokenizer
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workers import padding
-from workers.kv_cache import KVCache
-from workers.linear import Linear
+from specdepth.workers import padding
+from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.linear import Linear
 
 
 @dataclass(frozen=True)

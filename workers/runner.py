@@ -17,10 +17,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from workers.kv_cache import KVCache
-from workers.model import Transformer
-from workers.padding import free_verify
-from workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
+from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.model import Transformer
+from specdepth.workers.padding import free_verify
+from specdepth.workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
                              rejection_sample, sample)
 
 # keep_fn(j, top1 (B, j), entropy (B, j), drafted (B,)) -> (B,) bool: draft position j + 1?

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from workers.model import ModelConfig, Transformer
+from specdepth.workers.model import ModelConfig, Transformer
 
 
 def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.acceptance import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
+from specdepth.adaptive.acceptance import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
                                  _linear, _logit, _sigmoid, calibration_error)
-from adaptive.kernels import calibrate_kernel, last_category
+from specdepth.adaptive.kernels import calibrate_kernel, last_category
 
 
 def synthetic_step(rng: np.random.Generator, ids: np.ndarray, J: int = 6, power: float = 2.0,
@@ -325,7 +325,7 @@ def test_an_idle_sequence_drifts_back_toward_the_prior():
 def test_a_sequence_without_a_streak_plans_with_the_population_rate():
     # state 0 (no verified step yet, or none last step) plans with the rate pooled over every state,
     # not a rate of its own that only drafting in state 0 would ever correct (a trap)
-    from adaptive.acceptance import AcceptanceModel
+    from specdepth.adaptive.acceptance import AcceptanceModel
     m = AcceptanceModel()
     m.state_rates[:] = np.linspace(0.2, 0.9, len(m.state_rates))[:, None]
     m.state_n[:] = 100.0

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaptive.cluster import ClusterConfig, ClusterController, _Metrics
-from adaptive.controller import Controller
-from adaptive.engine import Engine, Request
-from policies.registry import make_policy
+from specdepth.adaptive.cluster import ClusterConfig, ClusterController, _Metrics
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.policies.registry import make_policy
 from tests.pairs import tiny_pair
-from workers.actors import PairSpec, ReplicaConfig
-from workers.runner import PairRunner
+from specdepth.workers.actors import PairSpec, ReplicaConfig
+from specdepth.workers.runner import PairRunner
 
 REPO = Path(__file__).resolve().parents[2]
 PAIR = dict(noise=0.15, seed=5)  # both replicas build the same weights from this seed
@@ -166,10 +166,10 @@ def _jobs_cli_available() -> bool:
 
 JOB_SCRIPT = """
 import json
-from adaptive.cluster import ClusterConfig, ClusterController
-from adaptive.engine import Request
-from policies.registry import make_policy
-from workers.actors import PairSpec, ReplicaConfig
+from specdepth.adaptive.cluster import ClusterConfig, ClusterController
+from specdepth.adaptive.engine import Request
+from specdepth.policies.registry import make_policy
+from specdepth.workers.actors import PairSpec, ReplicaConfig
 rc = ReplicaConfig(pair=PairSpec(factory="tests.pairs:tiny_pair", kwargs={pair!r}), n_slots=2, max_depth=4, threads=1)
 with ClusterController(make_policy("dspark"), ClusterConfig(replicas=2, replica=rc)) as cc:
     outs = cc.run([Request(str(i), p, 8) for i, p in enumerate({prompts!r})])
@@ -201,10 +201,10 @@ def test_ray_job_submit_to_a_local_head():
     addr = f"http://127.0.0.1:{ports['dashboard-port']}"
     if _cli_has_ray_generate():
         prompt, fixed = "def f(x):", ["--cost", "fixed:target_ms=10,draft_ms=1", "--threads", "1"]
-        gen = [sys.executable, "-m", "experiments.cli", "generate", "--prompt", prompt, "--max-new-tokens", "8"]
+        gen = [sys.executable, "-m", "specdepth.experiments.cli", "generate", "--prompt", prompt, "--max-new-tokens", "8"]
         local = subprocess.run(gen + fixed, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert local.returncode == 0, local.stderr
-        entry, expected = ["python", "-m", "experiments.cli", *gen[3:], "--ray", *fixed], local.stdout.strip()
+        entry, expected = ["python", "-m", "specdepth.experiments.cli", *gen[3:], "--ray", *fixed], local.stdout.strip()
     else:
         prompts = [[1, 2, 3], [40, 41]]
         target, _ = tiny_pair(**PAIR)

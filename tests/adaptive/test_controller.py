@@ -14,14 +14,14 @@ import textwrap
 import numpy as np
 import pytest
 
-from adaptive.acceptance import AcceptanceModel
-from adaptive.controller import Controller
-from adaptive.engine import Engine, Request
-from policies.base import DepthPolicy
-from policies.registry import list_policies, make_policy
+from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.policies.base import DepthPolicy
+from specdepth.policies.registry import list_policies, make_policy
 from tests.pairs import tiny_pair
 from tests.workers.test_lossless_greedy import reference_greedy
-from workers.runner import PairRunner
+from specdepth.workers.runner import PairRunner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -252,7 +252,7 @@ def test_verify_arrays_do_not_carry_later_columns(pair, workload):
 POLICY_SRC = textwrap.dedent('''
     import os
     import numpy as np
-    from policies.base import DepthPolicy
+    from specdepth.policies.base import DepthPolicy
 
     class MyPolicy(DepthPolicy):
         name = "mine"
@@ -288,7 +288,7 @@ def test_custom_policy_from_module_cli(tmp_path):
     log = tmp_path / "calls.log"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "MYPOLICY_LOG": str(log),
            "SPECDEPTH_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "experiments.cli", "generate", "--prompt", "def f(x):",
+    out = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli", "generate", "--prompt", "def f(x):",
                           "--max-new-tokens", "6", "--policy", "tmpmod:MyPolicy", "--json",
                           "--cost", "fixed:target_ms=5,draft_ms=1", "--threads", "1"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
@@ -301,7 +301,7 @@ def test_custom_policy_from_module_cli(tmp_path):
 
 @pytest.fixture(scope="module")
 def bundled():
-    from workers.bundled import heldout_prompts, load_pair
+    from specdepth.workers.bundled import heldout_prompts, load_pair
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:4]]
     reqs = [Request(f"h{i}", p, 20, ignore_eos=True) for i, p in enumerate(prompts)]

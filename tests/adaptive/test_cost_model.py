@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive.cost_model import (CostModel, FixedCost, ProfiledCost, RooflineCost, load_cost, parse_cost,
+from specdepth.adaptive.cost_model import (CostModel, FixedCost, ProfiledCost, RooflineCost, load_cost, parse_cost,
                                  shape_for)
-from policies.base import StepCost
+from specdepth.policies.base import StepCost
 
 
 # ---- fixed -----------------------------------------------------------------------------------
@@ -164,8 +164,8 @@ def one_thread():
 
 
 def test_profile_quick_on_tiny_model(one_thread):
-    from adaptive.cost_model import profile
-    from workers.model import ModelConfig, Transformer
+    from specdepth.adaptive.cost_model import profile
+    from specdepth.workers.model import ModelConfig, Transformer
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=512)
     target, draft = Transformer(cfg).eval(), Transformer(cfg).eval()
@@ -183,7 +183,7 @@ def test_profile_quick_on_tiny_model(one_thread):
 
 
 def test_fast_monotone_refresh_keeps_order_and_bounds():
-    from adaptive.cost_model import _monotone_fast
+    from specdepth.adaptive.cost_model import _monotone_fast
     rng = np.random.default_rng(0)
     base = np.cumsum(np.cumsum(rng.uniform(0.1, 1.0, (4, 10)), axis=1), axis=0)  # monotone both ways
     np.testing.assert_array_equal(_monotone_fast(base), base)  # already monotone: unchanged
@@ -345,8 +345,8 @@ def test_an_engine_s_first_drafting_step_does_not_price_every_draft_pass():
 
 
 def test_compiled_refresh_and_rows_are_the_numpy_statements():
-    from adaptive.cost_kernels import monotone_kernel, row_kernel
-    from adaptive.cost_model import _FAR, _monotone_fast, _row
+    from specdepth.adaptive.cost_kernels import monotone_kernel, row_kernel
+    from specdepth.adaptive.cost_model import _FAR, _monotone_fast, _row
     rng = np.random.default_rng(1)
     for shape in ((4, 14), (1, 8), (3, 1), (1, 1)):
         t = np.cumsum(rng.uniform(0.1, 1.0, shape), axis=1) * rng.uniform(0.7, 1.3, shape)  # dented
@@ -357,7 +357,7 @@ def test_compiled_refresh_and_rows_are_the_numpy_statements():
         for ctx in (0.0, ctx_grid[0], ctx_grid.mean(), ctx_grid[-1], 3 * ctx_grid[-1]):
             np.testing.assert_array_equal(row_kernel(t, ctx_grid, x_ext, float(ctx), _FAR), _row(t, ctx_grid, x_ext, ctx))
     # the refresh: both corrected tables in one call, and the model's interpolators follow them
-    from adaptive.cost_kernels import refresh_kernel
+    from specdepth.adaptive.cost_kernels import refresh_kernel
     c = make_profiled()
     for step in range(40):  # corrections on both tables
         c.observe(int(rng.integers(1, 200)), int(rng.integers(0, 8000)), float(rng.uniform(5e-3, 0.05)),

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive.engine import Engine, Request, RequestError
+from specdepth.adaptive.engine import Engine, Request, RequestError
 from tests.pairs import tiny_pair
-from workers.runner import PairRunner
+from specdepth.workers.runner import PairRunner
 
 GOOD = [Request("a", [1, 2, 3], 12), Request("b", [7, 8], 9), Request("c", [5, 6, 7, 8, 9], 15)]
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from experiments.bench_live import ece_floor, timing_noise
+from specdepth.experiments.bench_live import ece_floor, timing_noise
 
 
 def tally(n: int, seed: int, bias: float = 0.0) -> np.ndarray:
@@ -47,10 +47,10 @@ def test_rounds_start_from_each_policys_warmed_controller() -> None:
     sequence numbers continued, and the rounds stay independent of each other."""
     import random
 
-    from adaptive.acceptance import AcceptanceModel
-    from adaptive.cost_model import FixedCost
-    from experiments.bench_live import run_round, warm_at
-    from workers.bundled import heldout_prompts, load_pair
+    from specdepth.adaptive.acceptance import AcceptanceModel
+    from specdepth.adaptive.cost_model import FixedCost
+    from specdepth.experiments.bench_live import run_round, warm_at
+    from specdepth.workers.bundled import heldout_prompts, load_pair
 
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:6]]
@@ -74,10 +74,10 @@ def test_a_bare_static_engine_runs_with_no_controller() -> None:
     calibrated, learned or asked), and emits what the same static depth under the controller does."""
     import random
 
-    from adaptive.acceptance import AcceptanceModel
-    from adaptive.cost_model import FixedCost
-    from experiments.bench_live import run_round, warm_at
-    from workers.bundled import heldout_prompts, load_pair
+    from specdepth.adaptive.acceptance import AcceptanceModel
+    from specdepth.adaptive.cost_model import FixedCost
+    from specdepth.experiments.bench_live import run_round, warm_at
+    from specdepth.workers.bundled import heldout_prompts, load_pair
 
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:5]]

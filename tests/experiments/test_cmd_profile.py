@@ -8,15 +8,15 @@ import types
 
 import torch
 
-from adaptive.cost_model import ProfiledCost, parse_cost
-from experiments import cmd_profile
-from workers.model import ModelConfig, Transformer
+from specdepth.adaptive.cost_model import ProfiledCost, parse_cost
+from specdepth.experiments import cmd_profile
+from specdepth.workers.model import ModelConfig, Transformer
 
 
 def test_profile_command_writes_json_and_plot(tmp_path, monkeypatch):
     cfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=512)
     pair = types.SimpleNamespace(target=Transformer(cfg), draft=Transformer(cfg), tokenizer=None)
-    monkeypatch.setitem(sys.modules, "workers.bundled", types.SimpleNamespace(load_pair=lambda: pair))
+    monkeypatch.setitem(sys.modules, "specdepth.workers.bundled", types.SimpleNamespace(load_pair=lambda: pair))
     parser = argparse.ArgumentParser()
     cmd_profile.register(parser.add_subparsers())
     args = parser.parse_args(["profile", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"),

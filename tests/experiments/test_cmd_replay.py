@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from experiments import cmd_record, cmd_replay, cmd_synth, cmd_tune
-from experiments.cmd_tune import bands
-from experiments.traces import load_traces
+from specdepth.experiments import cmd_record, cmd_replay, cmd_synth, cmd_tune
+from specdepth.experiments.cmd_tune import bands
+from specdepth.experiments.traces import load_traces
 from tests.pairs import tiny_pair
 
 
@@ -85,7 +85,7 @@ def test_record_command(tmp_path, monkeypatch, capsys):
     target, draft = tiny_pair(seed=1)
     pair = types.SimpleNamespace(target=target, draft=draft, tokenizer=None, name="t|d", eos_ids=())
     fake = types.SimpleNamespace(load_pair=lambda *a, **k: pair, heldout_prompts=lambda: [[1, 2, 3], [4, 5]])
-    monkeypatch.setitem(sys.modules, "workers.bundled", fake)
+    monkeypatch.setitem(sys.modules, "specdepth.workers.bundled", fake)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": [7, 8, 9]}\n')
     out = tmp_path / "rec.jsonl.gz"

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from adaptive.cost_model import ProfiledCost, load_cost
+from specdepth.adaptive.cost_model import ProfiledCost, load_cost
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,17 +8,17 @@ import types
 import numpy as np
 import pytest
 
-from adaptive.controller import Controller
-from adaptive.cost_model import FixedCost
-from adaptive.engine import Engine, Request
-from experiments.cmd_synth import synth_traces
-from experiments.replay import Arrivals, load_arrivals, replay
-from experiments.traces import record_traces
-from policies.oracle import Oracle, OracleUnavailable, best_depth, water_fill
-from policies.registry import list_policies, make_policy
-from policies.testing import make_plan_ctx
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.cost_model import FixedCost
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.experiments.cmd_synth import synth_traces
+from specdepth.experiments.replay import Arrivals, load_arrivals, replay
+from specdepth.experiments.traces import record_traces
+from specdepth.policies.oracle import Oracle, OracleUnavailable, best_depth, water_fill
+from specdepth.policies.registry import list_policies, make_policy
+from specdepth.policies.testing import make_plan_ctx
 from tests.pairs import tiny_pair
-from workers.runner import PairRunner
+from specdepth.workers.runner import PairRunner
 
 
 def leviathan(a: float, k: int, c: float) -> tuple[float, float]:
@@ -158,7 +158,7 @@ def test_greedy_replay_equals_the_live_engine(spec):
 @pytest.mark.parametrize("spec", ["static:k=3", "dspark"])
 def test_greedy_replay_equals_live_on_the_bundled_pair(spec):
     """The same check on the real bundled pair and held-out prompts (a few, short)."""
-    from workers.bundled import heldout_prompts, load_pair
+    from specdepth.workers.bundled import heldout_prompts, load_pair
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(4)]
     check_replay_equals_live(pair, prompts, spec, 24, FixedCost(target_ms=7.0, draft_ms=1.2))

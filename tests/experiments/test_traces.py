@@ -10,9 +10,9 @@ import types
 import numpy as np
 import pytest
 
-from adaptive.acceptance import calibration_error
-from experiments.cmd_synth import synth_traces
-from experiments.traces import TraceError, load_traces, match_lengths, record_traces
+from specdepth.adaptive.acceptance import calibration_error
+from specdepth.experiments.cmd_synth import synth_traces
+from specdepth.experiments.traces import TraceError, load_traces, match_lengths, record_traces
 from tests.pairs import tiny_pair
 from tests.workers.test_lossless_greedy import reference_greedy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.bandit import Bandit, parse_depths
-from policies.testing import make_outcome, make_plan_ctx
+from specdepth.policies.bandit import Bandit, parse_depths
+from specdepth.policies.testing import make_outcome, make_plan_ctx
 
 # relative goodput of arms k = 1, 2, 3, 4: k = 3 is best
 REWARD = {1: 0.5, 2: 0.6, 3: 1.0, 4: 0.7}

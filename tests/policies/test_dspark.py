@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.allocation import allocate, plan_budgets
-from policies.base import VerifyContext
-from policies.dspark import ASK_EVIDENCE, ASK_PROBE, ASK_PROBE_MAX, ASK_SPEND, DSpark
+from specdepth.policies.allocation import allocate, plan_budgets
+from specdepth.policies.base import VerifyContext
+from specdepth.policies.dspark import ASK_EVIDENCE, ASK_PROBE, ASK_PROBE_MAX, ASK_SPEND, DSpark
 
 EVIDENCE = ASK_EVIDENCE  # asked steps before the measure may stop drafting past 1
 
@@ -20,8 +20,8 @@ def probe_gaps(loss: float, n: int) -> list[int]:
     spaced to spend ~ASK_SPEND of throughput, between ASK_PROBE and ASK_PROBE_MAX steps."""
     gap = int(np.clip(np.ceil(loss / ASK_SPEND), ASK_PROBE, ASK_PROBE_MAX))
     return [gap * (i + 1) - 1 for i in range(n)]
-from policies.registry import make_policy
-from policies.testing import LinearCost, make_plan_ctx
+from specdepth.policies.registry import make_policy
+from specdepth.policies.testing import LinearCost, make_plan_ctx
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ def test_parameters_and_registry() -> None:
 
 
 def test_dynamic_stop_drafts_on_confident_chains_and_stops_doubtful_ones() -> None:
-    from policies.testing import LinearCost, make_draft_ctx
+    from specdepth.policies.testing import LinearCost, make_draft_ctx
     policy = DSpark()
     # each verified token costs 0.5 ms on a 10 ms pass: worth it only for likely survivors
     pctx = make_plan_ctx(2, prior_conf=0.6, cost=LinearCost(0.010, 0.0002, 0.0005))
@@ -265,8 +265,8 @@ def _one_deep_step(policy: DSpark, step: int, keep_s: float, conf: float, second
     """Plan a 2-sequence step whose plan drafts 1 deep; if it asks, ask after pass 1 with these
     confidences; report the step as run (a second pass where keep_drafting went on, its positions
     accepted or not), with `keep_s` of asking. Returns the plan's budgets."""
-    from policies.base import StepOutcome
-    from policies.testing import make_draft_ctx
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.testing import make_draft_ctx
     # a 10 ms target pass plus 3 ms a step token, 0.5 ms a draft pass: position 2 at the prior
     # (0.9 x 0.3) does not pay, so the plan drafts 1 deep
     cost = LinearCost(0.010, 0.0005, 0.003)
@@ -327,7 +327,7 @@ def test_a_deeper_plan_is_drafted_without_asking_while_going_on_measures_a_loss(
     has measured a loss against the step drafted to the budgets it would have had without asking
     (the plan's; one position with follow_plan=False), plans draft those budgets with
     `keep_drafting` not asked (`drafts_dynamically` False); a probe now and then asks again."""
-    from policies.base import StepOutcome
+    from specdepth.policies.base import StepOutcome
     cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
     planned = int(DSpark(dynamic=False).plan(make_plan_ctx(2, prior_conf=0.8, cost=cost)).max())
     fixed = planned if follow_plan else 1
@@ -359,7 +359,7 @@ def test_the_measure_compares_with_the_budgets_drafted_without_asking() -> None:
     """The other arm of the measure is the step drafted to the plan's budgets: tokens known where
     the run saw a rejection or verified as far, expected at the priors past where it stopped with
     everything accepted."""
-    from policies.base import StepOutcome
+    from specdepth.policies.base import StepOutcome
     out = StepOutcome(0, np.arange(4), np.full(4, 8), np.array([3, 1, 2, 4]), np.array([3, 1, 2, 4]),
                       np.array([1, 1, 2, 4]), np.zeros((4, 4)), np.zeros((4, 4)), 0.0, 0.0, 0.0, np.full(4, 10))
     prior = np.full((4, 8), 0.5)
@@ -370,7 +370,7 @@ def test_the_measure_compares_with_the_budgets_drafted_without_asking() -> None:
 
 
 def test_dynamic_stop_stops_everything_when_compute_bound() -> None:
-    from policies.testing import make_draft_ctx
+    from specdepth.policies.testing import make_draft_ctx
     policy = DSpark()
     pctx = make_plan_ctx(2, prior_conf=0.9, cost=FLAT)
     policy.plan(pctx)
@@ -385,7 +385,7 @@ def test_a_plan_that_gains_little_is_probed_now_and_then_where_the_cost_model_le
     a learning cost model sees the step the plan would not take: after PROBE_EVERY drafting plans,
     then ever more rarely (the spacing doubles up to PROBE_MAX), per batch-size bucket; never in a
     replay (the cost does not learn) and never where drafting is predicted to pay well."""
-    from policies.dspark import PROBE_EVERY, PROBE_GAIN, PROBE_MAX
+    from specdepth.policies.dspark import PROBE_EVERY, PROBE_GAIN, PROBE_MAX
     cost = LinearCost(target_s=0.020, draft_s=0.002)
 
     def probes(conf: float, learns: bool, steps: int = 2 * PROBE_EVERY, policy: DSpark | None = None,
@@ -417,7 +417,7 @@ def test_a_plan_of_nothing_is_tried_one_deep_now_and_then_where_the_cost_model_l
     asked); never in a replay, never with probe=False. A try drafts for the sequences new since
     the last plan (with a positive prior), whose draft caches hold all they have; see the next test
     for a batch with none."""
-    from policies.dspark import PROBE_EVERY, PROBE_MAX
+    from specdepth.policies.dspark import PROBE_EVERY, PROBE_MAX
     dear = LinearCost(target_s=0.020, draft_s=0.030)  # a draft pass dearer than the step it extends
 
     def tries(learns: bool, steps: int = 2 * PROBE_EVERY, policy: DSpark | None = None, batch: int = 4,
@@ -449,7 +449,7 @@ def test_a_try_waits_for_newcomers_then_drafts_every_sequence() -> None:
     tokens were committed: its first pass would catch up on all of them). With the same sequences
     plan after plan it waits PROBE_EVERY plans for a newcomer, then drafts them all; a newcomer
     meanwhile is tried alone."""
-    from policies.dspark import PROBE_EVERY
+    from specdepth.policies.dspark import PROBE_EVERY
     dear = LinearCost(target_s=0.020, draft_s=0.030)
     P = PROBE_EVERY
 
@@ -474,7 +474,7 @@ def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     and then one step in 24 asks (the loss spacing); the same losses with one step in 25 gaining
     2.9x (+3.7% overall, though the running measure dips below zero between them) keep most steps
     asking: while the measure is negative but within its noise, steps ask one in 1 / P(a gain)."""
-    from policies.base import StepOutcome
+    from specdepth.policies.base import StepOutcome
     cost = LinearCost(0.010, 0.0005, 0.0002)  # cheap step tokens: the priors plan deeper than 1
 
     def run(streak_every: int, steps: int = 200) -> list[bool]:
@@ -501,7 +501,7 @@ def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
 
 
 def test_a_loss_within_its_noise_spaces_the_asks_by_the_chance_of_a_gain() -> None:
-    from policies.dspark import _Gate
+    from specdepth.policies.dspark import _Gate
     spacing = DSpark._ask_spacing
     assert spacing(_Gate(ask_gain=-0.02, ask_se=0.02)) == pytest.approx(1 / 0.158655, rel=1e-4)  # P = Phi(-1)
     assert spacing(_Gate(ask_gain=-0.001, ask_se=0.05)) == pytest.approx(2.0, rel=0.05)  # a coin flip
@@ -515,8 +515,8 @@ def test_verify_is_skipped_on_one_deep_steps_while_asking_costs_more_than_it_sav
     by the cost model) has been worth the controller's time asking it (measured); else every
     drafted token is verified, and one step in VERIFY_PROBE asks anyway. Never skipped where the
     cost model is not learned (a replay: no time is measured)."""
-    from policies.base import StepOutcome
-    from policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
     cost = LinearCost(0.010, 0.0005, 0.003)  # a verified token costs 3 ms
     prior = np.array([[0.9, 0.3] + [0.3] * 6] * 2)
 
@@ -548,8 +548,8 @@ def test_verify_is_weighed_apart_on_steps_drafting_dynamically() -> None:
     """Steps drafting dynamically (asking `keep_drafting`) weigh `verify` in a measure of their own:
     where asking it saves nothing it is skipped after the evidence (one step in VERIFY_PROBE still
     asks), and the measure of steps drafting the plan's budgets is left as it was."""
-    from policies.base import StepOutcome
-    from policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.dspark import VERIFY_EVIDENCE, VERIFY_PROBE
     cost = LinearCost(0.010, 0.0005, 0.003)
     prior = np.array([[0.9, 0.3] + [0.3] * 6] * 2)
     policy, asked = DSpark(weigh_asks=False), []  # never weighs the asks: every drafting step is dynamic
@@ -571,8 +571,8 @@ def test_verify_is_weighed_apart_on_steps_drafting_dynamically() -> None:
 def test_the_prices_draft_pass_by_rows_is_the_cost_model_s_line() -> None:
     """keep_drafting's pass of k = 1..B rows: linear between the cost model's draft_time(1) and
     draft_time(B) (keep_kernel draws the line), the same numbers at B = 1 without asking the model again."""
-    from adaptive.cost_model import load_cost
-    from policies.dspark import _Prices
+    from specdepth.adaptive.cost_model import load_cost
+    from specdepth.policies.dspark import _Prices
     cost = load_cost(Path(__file__).resolve().parents[2] / "experiments" / "profiles" / "cpu-bundled.json")
     for b, ctx in ((1, 0), (1, 300), (4, 300), (64, 9000)):
         view = cost.at_batch(b)
@@ -585,9 +585,9 @@ def test_the_draft_lag_dspark_tracks_is_the_runner_s() -> None:
     """dspark's count of the tokens each draft cache lacks (`_track_lag`, from the steps' outcomes
     alone) equals the runner's own, on a real pair: sequences join and leave, spells of `off`
     alternate with drafting, and verification is cut short at random."""
-    from policies.base import StepOutcome
+    from specdepth.policies.base import StepOutcome
     from tests.pairs import tiny_pair
-    from workers.runner import PairRunner
+    from specdepth.workers.runner import PairRunner
 
     target, draft = tiny_pair(noise=0.15)
     runner = PairRunner(target, draft, n_slots=6, max_depth=4, max_len=400)
@@ -619,8 +619,8 @@ def test_a_plan_after_a_spell_of_off_prices_the_draft_s_catch_up() -> None:
     since: a pass over rows x k tokens, less the usual pass, spread over CATCH_UP_STEPS steps.
     A plan that gains a little stays at `off` for sequences that lag; one that gains a lot drafts
     anyway; a sequence that drafted last step, or a newcomer, pays nothing extra. Live only."""
-    from policies.base import StepOutcome
-    from policies.dspark import CATCH_UP_STEPS
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.dspark import CATCH_UP_STEPS
     # 4 sequences, a 20 ms step whatever its tokens, a draft pass of n rows 1 ms + 0.5 ms a row:
     # at 0.35 acceptance one position gains 17% (5.4 tokens in 23 ms against 4 in 20)
     cost = LinearCost(target_s=0.020, draft_s=0.001, draft_per_seq_s=0.0005)
@@ -652,8 +652,8 @@ def test_a_try_of_every_sequence_waits_while_their_catch_up_costs_more_than_a_st
     draft caches lag so far that catching them all up costs more than a step of `off` (a closed
     loop at batch 64 whose requests started together): then it waits on for newcomers. One
     sequence's catch-up is cheap: it is tried as before."""
-    from policies.base import StepOutcome
-    from policies.dspark import PROBE_EVERY
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.dspark import PROBE_EVERY
     dear = LinearCost(target_s=0.020, draft_s=0.030, draft_per_seq_s=1e-4)  # a row of catch-up: 0.1 ms
 
     def tried(b: int, newcomer_at: int = -1) -> list[int]:

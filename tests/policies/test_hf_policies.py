@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.hf import HfConfidence, HfHeuristic, fit_confidence_threshold
-from policies.testing import make_draft_ctx, make_outcome, make_plan_ctx
+from specdepth.policies.hf import HfConfidence, HfHeuristic, fit_confidence_threshold
+from specdepth.policies.testing import make_draft_ctx, make_outcome, make_plan_ctx
 
 # ---- hf-heuristic ------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""policies.kernels: the compiled loops give the numpy reference's answers, exactly.
+"""specdepth.policies.kernels: the compiled loops give the numpy reference's answers, exactly.
 
 `plan_kernel` against `allocation.plan_budgets` and `VerifyColumns` against `ColumnAllocator` (both
 checked against the rule as written in test_allocation.py), on random batches over costs with a
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.allocation import ColumnAllocator, plan_budgets
-from policies.kernels import VerifyColumns, keep_kernel, plan_kernel
+from specdepth.policies.allocation import ColumnAllocator, plan_budgets
+from specdepth.policies.kernels import VerifyColumns, keep_kernel, plan_kernel
 from tests.policies.test_allocation import COSTS, Knee, Table
 
 

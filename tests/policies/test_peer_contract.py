@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.base import DepthPolicy, DraftContext, StepOutcome
-from policies.registry import builtin_policies, make_policy
-from policies.testing import LinearCost, make_plan_ctx
+from specdepth.policies.base import DepthPolicy, DraftContext, StepOutcome
+from specdepth.policies.registry import builtin_policies, make_policy
+from specdepth.policies.testing import LinearCost, make_plan_ctx
 
 ROOT = Path(__file__).resolve().parents[2]
 COST = LinearCost(target_s=0.010, draft_s=0.001, target_per_token_s=0.0002)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from policies import registry
-from policies.base import DepthPolicy
-from policies.registry import BUILTINS, list_policies, make_policy, parse_spec
-from policies.static import Static, VllmTable
+from specdepth.policies import registry
+from specdepth.policies.base import DepthPolicy
+from specdepth.policies.registry import BUILTINS, list_policies, make_policy, parse_spec
+from specdepth.policies.static import Static, VllmTable
 
 USER_MODULE = '''
 import numpy as np
-from policies.base import DepthPolicy
+from specdepth.policies.base import DepthPolicy
 
 class MyPolicy(DepthPolicy):
     """Always k, plus nothing else."""
@@ -167,7 +167,7 @@ def test_list_policies_lists_every_builtin() -> None:
 
 
 def test_missing_lazy_builtin_is_skipped_then_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "LAZY_BUILTINS", {"ghost": "policies.ghost_not_written:Ghost"})
+    monkeypatch.setattr(registry, "LAZY_BUILTINS", {"ghost": "specdepth.policies.ghost_not_written:Ghost"})
     assert "ghost" not in [r[0] for r in list_policies()]
     with pytest.raises(ValueError, match="'ghost' is not available"):
         make_policy("ghost")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.sglang import SglangAdaptive, parse_slots
-from policies.testing import make_outcome, make_plan_ctx
+from specdepth.policies.sglang import SglangAdaptive, parse_slots
+from specdepth.policies.testing import make_outcome, make_plan_ctx
 
 
 def feed(p: SglangAdaptive, accepted: int, batches: int, batch_size: int = 2) -> list[int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.specdecpp import SpecDecPP
-from policies.testing import make_draft_ctx, make_plan_ctx
+from specdepth.policies.specdecpp import SpecDecPP
+from specdepth.policies.testing import make_draft_ctx, make_plan_ctx
 
 
 def test_stop_rule_on_rejection_probability() -> None:

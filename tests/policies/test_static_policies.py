@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.static import Off, Static, VllmDisable, VllmTable, parse_table
-from policies.testing import make_plan_ctx
+from specdepth.policies.static import Off, Static, VllmDisable, VllmTable, parse_table
+from specdepth.policies.testing import make_plan_ctx
 
 
 def test_off_budgets_are_zero() -> None:

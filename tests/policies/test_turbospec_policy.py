@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.testing import LinearCost, make_outcome, make_plan_ctx
-from policies.turbospec import TurboSpec, expected_emitted
+from specdepth.policies.testing import LinearCost, make_outcome, make_plan_ctx
+from specdepth.policies.turbospec import TurboSpec, expected_emitted
 
 
 def test_expected_emitted_matches_leviathan() -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from policies.registry import make_policy
-from policies.testing import LinearCost, make_outcome, make_plan_ctx, make_verify_ctx
-from policies.vllm_adaptive import VllmAdaptive, slot_budget
+from specdepth.policies.registry import make_policy
+from specdepth.policies.testing import LinearCost, make_outcome, make_plan_ctx, make_verify_ctx
+from specdepth.policies.vllm_adaptive import VllmAdaptive, slot_budget
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from adaptive.acceptance import AcceptanceModel
-from adaptive.cost_model import FixedCost
-from policies.registry import make_policy
+from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.cost_model import FixedCost
+from specdepth.policies.registry import make_policy
 from tests.pairs import tiny_pair
 from tests.workers.test_lossless_greedy import reference_greedy
-from workers.actors import PairSpec, ReplicaConfig, StepParams, StepPlan, create_replica
-from workers.runner import PairRunner
+from specdepth.workers.actors import PairSpec, ReplicaConfig, StepParams, StepPlan, create_replica
+from specdepth.workers.runner import PairRunner
 
 PAIR = dict(noise=0.15, seed=5)
 CONFIG = ReplicaConfig(pair=PairSpec(factory="tests.pairs:tiny_pair", kwargs=PAIR), n_slots=4, max_depth=6,

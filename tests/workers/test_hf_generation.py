@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from adaptive.controller import Controller
-from adaptive.engine import Engine, Request
-from policies.registry import make_policy
+from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.engine import Engine, Request
+from specdepth.policies.registry import make_policy
 from tests.workers.hf_fixtures import EOS_ID, make_hf_pair
-from workers.hf_loader import load_hf_model
-from workers.runner import PairRunner
+from specdepth.workers.hf_loader import load_hf_model
+from specdepth.workers.runner import PairRunner
 
 
 def test_speculative_generation_matches_target_and_transformers(tmp_path):

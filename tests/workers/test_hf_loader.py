@@ -14,9 +14,9 @@ from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers  # noqa:
 
 from tests.workers.hf_fixtures import (_BASE, FAMILIES, EOS_ID, LLAMA3_ROPE, VOCAB, make_hf_model,  # noqa: E402
                                        make_hf_pair, save_checkpoint)
-from workers.hf_loader import (check_same_vocab, config_from_hf, load_hf_model, load_hf_tokenizer)  # noqa: E402
-from workers.kv_cache import KVCache  # noqa: E402
-from workers.model import ModelConfig  # noqa: E402
+from specdepth.workers.hf_loader import (check_same_vocab, config_from_hf, load_hf_model, load_hf_tokenizer)  # noqa: E402
+from specdepth.workers.kv_cache import KVCache  # noqa: E402
+from specdepth.workers.model import ModelConfig  # noqa: E402
 
 TOL = 1e-4
 # (family, sharded): every family once, sharding exercised on two of them

@@ -8,10 +8,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.kv_cache import KVCache
-import workers.model
-import workers.padding
-from workers.model import ModelConfig, Transformer
+from specdepth.workers.kv_cache import KVCache
+from specdepth import workers
+import specdepth.workers.model
+import specdepth.workers.padding
+from specdepth.workers.model import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 MODEL = Transformer(CFG)

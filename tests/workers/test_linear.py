@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import workers.linear
-from workers.kv_cache import KVCache
-from workers.linear import Linear
-from workers.model import ModelConfig, Transformer
+from specdepth import workers
+import specdepth.workers.linear
+from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.linear import Linear
+from specdepth.workers.model import ModelConfig, Transformer
 
 needs_onednn = pytest.mark.skipif(not workers.linear.available(), reason="this torch build has no oneDNN linear")
 

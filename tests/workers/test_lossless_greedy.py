@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from adaptive.engine import Engine, Request
+from specdepth.adaptive.engine import Engine, Request
 from tests.pairs import tiny_pair
-from workers.runner import PairRunner
+from specdepth.workers.runner import PairRunner
 
 
 def reference_greedy(model, prompt: list[int], n: int) -> list[int]:

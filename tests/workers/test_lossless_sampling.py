@@ -15,8 +15,8 @@ import torch
 from scipy.stats import chisquare
 
 from tests.pairs import tiny_pair
-from workers.runner import PairRunner
-from workers.sampler import SamplingParams, probs_from_logits
+from specdepth.workers.runner import PairRunner
+from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
 V, N_SAMPLES, PROMPT, LATER = 8, 20_000, [3, 1, 4], 3  # LATER: the 3rd generated token
 
@@ -107,9 +107,9 @@ def test_negative_control_leaking_rule_is_caught(pair):
 
 @pytest.mark.parametrize("spec", ["dspark", "random"])
 def test_adaptive_policies_keep_sampling_lossless(pair, spec):
-    from adaptive.controller import Controller
-    from adaptive.cost_model import FixedCost
-    from policies.registry import make_policy
+    from specdepth.adaptive.controller import Controller
+    from specdepth.adaptive.cost_model import FixedCost
+    from specdepth.policies.registry import make_policy
     from tests.adaptive.test_controller import RandomPolicy
     target, draft = pair
     sp = SamplingParams(1.0)

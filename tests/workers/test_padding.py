@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.padding import PAD_ALL, free_verify, runs_padded
+from specdepth.workers.padding import PAD_ALL, free_verify, runs_padded
 
 
 def test_a_nearly_full_verify_pass_verifies_its_padding():
