@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import ray
+
+from specdepth.adaptive.ray_local import init_ray
 
 from specdepth.adaptive.acceptance import AcceptanceModel
 from specdepth.adaptive.controller import Controller
@@ -43,29 +44,6 @@ from specdepth.workers.actors import ReplicaConfig, StepParams, StepPlan, StepRe
 
 log = logging.getLogger("specdepth.cluster")
 RETRY_S = 0.2  # how soon to call a restarting actor again
-
-
-def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
-    """Join a Ray cluster, or start an embedded local one.
-
-    With `address` or RAY_ADDRESS set (as `ray job submit` does), join that cluster. Otherwise
-    start a new local instance (never an unrelated `ray start` cluster that happens to run on this
-    machine), with the dashboard (Ray's HTTP server) off and `num_cpus` CPUs (default: the
-    machine's). Nothing here binds 0.0.0.0; Ray 2.60's core processes (GCS, raylet, workers)
-    choose their own gRPC listen addresses, whatever ray.init is given.
-
-    Returns:
-        True when this call started a local instance (the caller may `ray.shutdown()` it).
-    """
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        ray.init(address=address)
-        return False
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-             dashboard_host="127.0.0.1")
-    return True
 
 
 @dataclass(frozen=True)

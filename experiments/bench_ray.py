@@ -20,7 +20,8 @@ import time
 import numpy as np
 import torch
 
-from specdepth.adaptive.cluster import ClusterConfig, ClusterController, init_ray
+from specdepth.adaptive.cluster import ClusterConfig, ClusterController
+from specdepth.adaptive.ray_local import init_ray
 from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.engine import Engine, EngineStats, Request
 from specdepth.adaptive.profiler import profile

@@ -162,7 +162,8 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
 
     import ray
 
-    from specdepth.adaptive.cluster import ClusterConfig, ClusterController, init_ray
+    from specdepth.adaptive.cluster import ClusterConfig, ClusterController
+    from specdepth.adaptive.ray_local import init_ray
     from specdepth.adaptive.cost_model import CostModel, load_cost, parse_cost
     from specdepth.adaptive.engine import Request
     from specdepth.policies.registry import make_policy
