@@ -1,0 +1,93 @@
+"""Prompt files as users have them: plain text, one prompt per line, or JSON lines.
+
+Plain text: every line is one prompt, exactly as written (a backslash followed by `n` stays those
+two characters; an empty line is an empty prompt, kept so that outputs stay aligned with lines).
+JSON lines (`{"prompt": "..."}` per line, so one prompt can span lines): chosen by a `.jsonl`
+suffix or by a first non-empty line that parses as a JSON object; blank lines between records
+are skipped, other keys on a record are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts in `path`, in file order.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: `file:line: reason` for a line that is not UTF-8, or, in a JSON lines file,
+            not a JSON object with a string "prompt"; `file: no prompts` for an empty file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompts file at {path}")
+    data = path.read_bytes().removeprefix(_BOM)
+    raw = data.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()  # the newline that ends the last line does not start another
+    lines = [_decode(path, n, line.removesuffix(b"\r")) for n, line in enumerate(raw, 1)]
+    if not lines:
+        raise ValueError(f"{path}: no prompts")
+    if is_json_lines(path, lines):
+        prompts = [_json_prompt(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
+        if not prompts:
+            raise ValueError(f"{path}: no prompts")
+        return prompts
+    return lines
+
+
+def is_json_lines(path: Path, lines: list[str]) -> bool:
+    """True for a `.jsonl` file, or when the first non-empty line is a JSON object."""
+    if path.suffix.lower() == ".jsonl":
+        return True
+    first = next((line for line in lines if line.strip()), None)
+    if first is None or not first.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _decode(path: Path, n: int, line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start + 1} of the line)") from None
+
+
+def _json_prompt(path: Path, n: int, line: str) -> str:
+    """The "prompt" string of JSON lines record `line` (line number `n`)."""
+    where = f"{path}:{n}"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not JSON ({e.msg}: column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object like {{\"prompt\": \"...\"}}, "
+                         f"got a JSON {_json_kind(rec)}")
+    if "prompt" not in rec:
+        raise ValueError(f"{where}: no \"prompt\" key (keys: {', '.join(sorted(rec)) or 'none'})")
+    prompt = rec["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError(f"{where}: \"prompt\" must be a string, got a JSON {_json_kind(prompt)}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}: \"prompt\" holds an unpaired surrogate escape (not valid text)") from None
+    return prompt
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
