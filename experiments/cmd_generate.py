@@ -2,10 +2,16 @@
 
     specdepth generate --prompt 'def parse_args(argv):'
     specdepth generate --prompts prompts.txt --policy dspark --max-new-tokens 128 --json
+    specdepth generate --prompts prompts.jsonl --output results.jsonl
 
+--prompts takes plain text (one prompt per line, exactly as written) or JSON lines
+({"prompt": "..."} per line; a .jsonl suffix or a first line that is a JSON object).
 Prints each generated continuation (not the prompt) on stdout, so it pipes cleanly, and a run
-summary on stderr. With --json, one JSON object per request instead. Runs in-process by default;
---ray (or RAY_ADDRESS set, as under `ray job submit`) runs the replicas as Ray actors.
+summary on stderr. With --json, one JSON object per request instead; --output writes those
+objects to a file. Outputs follow the input order one for one: a prompt that cannot be served
+(empty, longer than the context) gets an empty line, or an object with its error, in its place.
+Runs in-process by default; --ray (or RAY_ADDRESS set, as under `ray job submit`) runs the
+replicas as Ray actors.
 """
 
 from __future__ import annotations
@@ -19,13 +25,27 @@ from pathlib import Path
 
 import numpy as np
 
+from specdepth.experiments.argtypes import (existing_file, existing_path, float_range, int_range,
+                                            non_negative_int, output_file, positive_int)
+from specdepth.experiments.prompts import read_prompts as read_prompts_file
+
+MAX_DEPTH_LIMIT = 64  # --max-depth's upper bound: far past any useful draft, small enough to allocate
+FINISH_REASONS = ("length", "eos", "context", "error")  # as RequestOutput.finish_reason spells them
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that runs models."""
-    p.add_argument("--target", default=None, help="target: specdepth .safetensors or HF folder (default: bundled)")
-    p.add_argument("--draft", default=None, help="draft: specdepth .safetensors or HF folder (default: bundled)")
+    p.add_argument("--target", type=_model_path, default=None,
+                   help="target: specdepth .safetensors or HF folder (default: bundled; with --draft)")
+    p.add_argument("--draft", type=_model_path, default=None,
+                   help="draft: specdepth .safetensors or HF folder (default: bundled; with --target)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
+
+
+def _model_path(text: str) -> str:
+    """A model path that exists, kept as text (PairSpec and the loaders take str)."""
+    return str(existing_path(text))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,31 +53,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
-    src.add_argument("--prompts", type=Path, help="a file with one prompt per line (batched)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    src.add_argument("--prompts", type=existing_file,
+                     help="a file of prompts, batched: one per line, or JSON lines {\"prompt\": ...}")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=float_range(0.0), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float_range(0.0, 1.0, lo_open=True), default=1.0, help="in (0, 1]")
+    p.add_argument("--seed", type=int_range(0, 2**64 - 1), default=0)
     p.add_argument("--policy", default="dspark", help="depth policy spec (see `specdepth policies`)")
-    p.add_argument("--max-depth", type=int, default=8, help="K: largest draft budget")
-    p.add_argument("--max-batch", type=int, default=64, help="sequences running at once")
+    p.add_argument("--max-depth", type=int_range(0, MAX_DEPTH_LIMIT), default=8,
+                   help=f"K: largest draft budget, 0 to {MAX_DEPTH_LIMIT}")
+    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences running at once")
     p.add_argument("--cost", default="auto", help="cost model: auto (profile this machine at start-up, "
                    "cached), a profile JSON, h200, fixed:target_ms=..,draft_ms=..")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens")
     p.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
+    p.add_argument("--output", type=output_file, default=None,
+                   help="also write the --json objects, one per line in input order, to this file")
     p.add_argument("--ray", action="store_true", help="run replicas as Ray actors (also when RAY_ADDRESS is set)")
-    p.add_argument("--replicas", type=int, default=1, help="Ray replicas (with --ray)")
+    p.add_argument("--replicas", type=positive_int, default=1, help="Ray replicas (with --ray)")
     add_model_args(p)
     p.set_defaults(func=run)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """What argparse's per-flag types cannot see: flags that go together, and the cost spec
+    (parsed here so a typo fails before the models load).
+
+    Raises:
+        ValueError: naming the flags.
+    """
+    if (args.target is None) != (args.draft is None):
+        raise ValueError("--target and --draft go together: give both, or neither (the bundled pair)")
+    if args.cost != "auto":
+        from specdepth.adaptive.cost_model import parse_cost
+        parse_cost(args.cost)
+
+
 def read_prompts(args: argparse.Namespace) -> list[str]:
+    """--prompt as given, or --prompts read by `experiments.prompts.read_prompts`."""
     if args.prompt is not None:
         return [args.prompt]
-    if not args.prompts.exists():
-        raise FileNotFoundError(f"no prompts file at {args.prompts}")
-    lines = args.prompts.read_text().splitlines()
-    return [line.replace("\\n", "\n") for line in lines]
+    return read_prompts_file(args.prompts)
 
 
 def build_cost(spec: str, pair, device: str):
@@ -82,6 +118,7 @@ def build_cost(spec: str, pair, device: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     import torch
 
     from specdepth.adaptive.controller import Controller
@@ -117,32 +154,62 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(o.error for o in outs) else 0
 
 
+def result_object(prompt: str, o, tok) -> dict:
+    """One request's result as --json prints it and --output writes it (`o`: a RequestOutput)."""
+    return {"id": o.request_id, "prompt": prompt, "text": tok.decode(o.output_ids),
+            "token_ids": o.output_ids, "finish_reason": o.finish_reason,
+            "error": None if o.error is None else str(o.error), "steps": o.steps,
+            "verified": o.verified, "accepted": o.accepted,
+            "acceptance_length": round(o.acceptance_length, 4),
+            "ttft_s": round(o.t_first - o.t_submit, 6) if o.t_first else None,
+            "latency_s": round(o.t_done - o.t_submit, 6) if o.t_done else None}
+
+
 def emit_outputs(args, prompts: list[str], outs, tok) -> None:
-    for prompt, o in zip(prompts, outs):
+    """Every result in input order: text or --json on stdout, errors on stderr, --output's file.
+
+    A failed request keeps its place: an empty line in text mode, an object with its error in
+    --json and --output, so output i always answers prompt i.
+    """
+    objs = [result_object(p, o, tok) for p, o in zip(prompts, outs)]
+    for o, obj in zip(outs, objs):
         if o.error is not None:
             print(f"specdepth generate: error: {o.error}", file=sys.stderr)
         if args.json:
-            print(json.dumps({
-                "id": o.request_id, "prompt": prompt, "text": tok.decode(o.output_ids),
-                "token_ids": o.output_ids, "finish_reason": o.finish_reason,
-                "error": None if o.error is None else str(o.error), "steps": o.steps,
-                "verified": o.verified, "accepted": o.accepted,
-                "acceptance_length": round(o.acceptance_length, 4),
-                "ttft_s": round(o.t_first - o.t_submit, 6) if o.t_first else None,
-                "latency_s": round(o.t_done - o.t_submit, 6) if o.t_done else None}), flush=True)
-        elif o.error is None:
-            sys.stdout.write(tok.decode(o.output_ids) + ("\n" if len(outs) > 1 else ""))
+            print(json.dumps(obj), flush=True)
+        else:
+            text = "" if o.error is not None else obj["text"]  # a failed request: an empty line
+            sys.stdout.write(text + ("\n" if len(outs) > 1 else ""))
             sys.stdout.flush()
     if not args.json and len(outs) == 1:
         sys.stdout.write("\n")
+    if getattr(args, "output", None) is not None:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(obj) + "\n" for obj in objs)
+        print(f"wrote {len(objs)} results to {args.output}", file=sys.stderr)
+
+
+def finish_counts(outs) -> dict[str, int]:
+    """How many requests ended for each reason: length, eos, context (the model's context limit
+    reached), error (refused or failed); any other reason after these."""
+    counts = dict.fromkeys(FINISH_REASONS, 0)
+    for o in outs:
+        reason = o.finish_reason or "unfinished"
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
 
 
 def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
     emitted = sum(len(o.output_ids) for o in outs)
     pos = np.round(stats.pos_accepted / np.maximum(stats.pos_verified, 1), 2)
     last = int(np.flatnonzero(stats.pos_verified).max(initial=-1)) + 1
+    counts = finish_counts(outs)
+    finished = ", ".join(f"{n} {reason}" for reason, n in counts.items() if n or reason != "error")
+    if counts["context"]:
+        finished += " (context: stopped at the model's context limit)"
     lines = [f"policy {policy}: {len(outs)} requests, {emitted} tokens in {wall:.2f} s "
              f"= {emitted / max(wall, 1e-9):.1f} tok/s; {stats.steps} steps",
+             f"finished: {finished}",
              f"acceptance length {stats.acceptance_length:.2f} (emitted per sequence-step, incl. the target's token)",
              f"per-position acceptance (position j accepted | j-1 accepted): "
              f"{pos[:last].tolist() if last else 'none verified'}",
