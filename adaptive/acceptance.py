@@ -1,48 +1,32 @@
 """Acceptance learning: calibrated confidences c_{r,j} from features known before draft token j.
 
 c_{r,j} = P(position j of sequence r is accepted | positions < j were), DESIGN.md's confidence.
-Two layers, both pure numpy and deterministic:
+Three layers, all deterministic:
 
 1. Global, per position j (positions past `max_positions` share the last model): a logistic
    regression of acceptance on the draft's top-1 probability t and entropy H at j,
        logit c = w0 * log t + w1 * (-log(1 - t)) + w2 * H + w3,
-   the beta-calibration family (Kull et al. 2017) plus entropy. w = (1, 1, 0, 0) is the
-   identity c = t, the prior for position 1; position j's prior is position j - 1's fit (a
-   Gaussian prior of precision `ridge`). It is refit every `refit_every` counted observations
-   (later, once a quarter of the data behind the fit has arrived: a fit costs milliseconds) by
-   warm-started Newton (IRLS) steps on *binned sufficient statistics*: per (position, logit-t bin,
-   entropy bin) the count, the accepts and the feature sums. These add up across replicas, so
-   `merge` pools them exactly, and they take fixed memory; an effective window caps each
-   position's count (older statistics are scaled down) so the model keeps adapting. The
-   global conditional acceptance rate of each position (Beta-smoothed counts, each position's
-   prior being the previous one's) and the rates per planning state, which `prior_conf` uses
-   before drafting, are refreshed with layer 3 (`_refresh_states`). The regression changes only
-   at a fit and the rates only at a refresh, so a step's predictions never depend on the order
-   of observations in between.
+   the beta-calibration family (Kull et al. 2017) plus entropy. w = (1, 1, 0, 0) is the identity
+   c = t, the prior for position 1; position j's prior is position j - 1's fit (a Gaussian prior
+   of precision `ridge`). It is refit by warm-started Newton (IRLS) steps on *binned sufficient
+   statistics* (per position, logit-t bin and entropy bin: the count, the accepts and the feature
+   sums), every `refit_every` counted observations at first, then every quarter of the data seen.
+   The statistics add up across replicas, so `merge` pools them exactly; an effective window
+   caps each position's count so the model keeps adapting.
 2. Per sequence, a Beta-Bernoulli posterior on how the sequence compares with the global model:
    with n counted observations, `acc` of them accepted, and g the mean global prediction for
-   them, theta = (acc + k g) / (n + k) (prior Beta(k g, k (1 - g)), k = `seq_strength`), applied
-   as a log-odds shift logit(theta) - logit(g). A fresh sequence gets no shift. k = 64: a
-   sequence's own rate takes over only after tens of its positions. Replaying one live run's
-   observations (bundled pair, dspark at batch 1, 4, 16 after warm-up), k = 8 gave log-loss
-   0.502 / 0.532 / 0.474 and survival ECE 0.044; k = 64 gave 0.491 / 0.524 / 0.469 and 0.032
-   (a noisy shift per sequence costs more than it corrects); the replay benchmarks moved < 1%.
+   them, theta = (acc + k g) / (n + k) (k = `seq_strength`), applied as a log-odds shift
+   logit(theta) - logit(g). A fresh sequence gets no shift; a large k lets a sequence's own rate
+   take over only after tens of its positions (a noisy shift costs more than it corrects).
 3. Position 1 only, a log-odds shift per *category of the sequence's last verified step*: its
-   length (1, 2, 3, 4-7, 8+) and whether all of it was accepted, or none yet (`last_category`);
-   Beta-Bernoulli like layer 2, over every sequence in that category, against the prediction of
-   layers 1-2 (strength `cat_strength`). The next token after a step follows the target's own
-   token (its correction, or the bonus after a full acceptance), and how likely the draft is to
-   match it depends on that history more than the features show: replaying two recorded live runs
-   of dspark (batch 1-16, and 64), position 1 after a fully accepted step of 1 was accepted 0.74
-   of the time against 0.69 predicted, a sequence's first step 0.33-0.63 against 0.73-0.82, and
-   survival ECE went 0.032 -> 0.027 and 0.037 -> 0.031 with this layer (k = 64). Like layer 1 it
-   changes only at a refresh, every `cat_refresh` counted observations (it is 11 numbers; on the
-   recordings a refresh every 64 did as well as one every observation, every 256 a little worse),
-   so a step's predictions do not depend on the order of observations in between. Categories keep
-   the lengths apart because a full acceptance of 8 (the warm-up's) says more than one of 1 (an
-   earlier shift per 3-way state, learned mostly from the warm-up's steps of 8, misjudged dspark's
-   short ones: log-loss 0.521 vs 0.491 at batch 1). Deeper positions follow a drafted prefix the
-   features already describe, and shifting them too did worse on one of the two recordings.
+   length (1, 2, 3, 4-7, 8+) and whether all of it was accepted, or none yet (`last_category`),
+   Beta-Bernoulli like layer 2 over every sequence in that category (strength `cat_strength`).
+   The token after a step follows the target's own token (its correction, or the bonus), and how
+   likely the draft is to match it depends on that history more than the features show.
+
+The regression changes only at a fit, and the rates and category shifts only at a refresh (every
+`cat_refresh` counted observations), so a step's predictions never depend on the order of the
+observations in between.
 
 Observation rule (`observe`): position i (1-based) of a sequence with verified length d and
 accepted count a is a conditional observation iff i <= d and i <= a + 1; it was accepted iff
@@ -59,70 +43,17 @@ baseline.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from specdepth.adaptive.acceptance_config import (CAT, EPS, H_EDGES, IDENTITY, N_CATS, N_CELLS, N_FEAT, SEQ_COLS,
+                                                  Z_EDGES, AcceptanceConfig, _logit, _sigmoid)
+from specdepth.adaptive.acceptance_state import AcceptanceState
 from specdepth.adaptive.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
 
-EPS = 1e-6
-IDENTITY = np.array([1.0, 1.0, 0.0, 0.0])  # logit c = log t - log(1 - t) = logit t
-Z_EDGES = np.linspace(-6.0, 6.0, 25)  # logit(top1) bin edges: 26 bins, 0.5 wide inside
-H_EDGES = np.array([0.05, 0.2, 0.5, 1.0, 2.0, 4.0])  # entropy (nats) bin edges: 7 bins
-N_CELLS = (len(Z_EDGES) + 1) * (len(H_EDGES) + 1)
-N_FEAT = 3  # log t, -log(1 - t), H
-SEQ_COLS = 7  # accepted, rejected, sum c_global, sum (1 - c_global), sum g, sum (1 - g), category
-CAT = 6  # the seq_stats column holding the last step's category (`kernels.last_category`; 0 none)
-N_CATS = 11  # categories: also the planning states of `prior_conf`
-
-
-@dataclass(frozen=True)
-class AcceptanceConfig:
-    max_positions: int = 16  # positions with their own regression; deeper ones share the last
-    refit_every: int = 256  # counted observations between refits
-    newton_steps: int = 8  # Newton iterations per refit at most (warm-started; stops when settled)
-    ridge: float = 1.0  # precision of the Gaussian prior on each position's weights
-    window: float = 50_000.0  # effective observations kept per position (older ones scaled down)
-    seq_strength: float = 64.0  # k: pseudo-observations of the global model in a sequence's posterior
-    cat_strength: float = 64.0  # the same, for the shift per last-step category at position 1
-    cat_refresh: int = 64  # counted observations between refreshes of those shifts
-    rate_strength: float = 4.0  # pseudo-observations pulling position j's global rate to j - 1's
-    prior_rate: float = 0.5  # the global rate before any observation
-    optimism: float = 1.0  # z: planning rates get + z * their standard error (see `prior_conf`)
-    idle_decay: float = 0.8  # a sequence's own counts age by this factor per step it verifies nothing
-    ece_bins: int = 15  # equal-width bins of predicted survival
-
-    def __post_init__(self) -> None:
-        if min(self.max_positions, self.refit_every, self.cat_refresh, self.newton_steps, self.ece_bins) < 1:
-            raise ValueError(f"counts must be >= 1: {self}")
-        if min(self.ridge, self.window, self.seq_strength, self.cat_strength, self.rate_strength) <= 0 \
-                or self.optimism < 0:
-            raise ValueError(f"strengths and window must be positive: {self}")
-        if not 0 < self.idle_decay <= 1:
-            raise ValueError(f"idle_decay must be in (0, 1]: {self}")
-        if not 0 < self.prior_rate < 1:
-            raise ValueError(f"prior_rate must be in (0, 1): {self}")
-
-
-def _clip(x: np.ndarray | float, lo: float, hi: float) -> np.ndarray:
-    return np.minimum(np.maximum(x, lo), hi)  # np.clip, without its Python-level overhead
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-_clip(x, -30.0, 30.0)))
-
-
-def _logit(p: np.ndarray | float) -> np.ndarray:
-    p = _clip(p, 1e-4, 1 - 1e-4)
-    return np.log(p) - np.log1p(-p)
-
-
-def _linear(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(B, J) w0 log t + w1 (-log(1 - t)) + w2 H + w3 with per-column weights w (J, 4): the
-    regression's logit on the features [log t, -log(1 - t), H]."""
-    t = _clip(top1, EPS, 1 - EPS)
-    return w[:, 0] * np.log(t) - w[:, 1] * np.log1p(-t) + w[:, 2] * np.maximum(entropy, 0.0) + w[:, 3]
+__all__ = ["CAT", "EPS", "H_EDGES", "IDENTITY", "N_CATS", "N_CELLS", "N_FEAT", "SEQ_COLS", "Z_EDGES",
+           "AcceptanceConfig", "AcceptanceModel", "calibration_error"]
 
 
 def calibration_error(pred: np.ndarray, outcome: np.ndarray, n_bins: int = 15) -> float:
@@ -134,7 +65,7 @@ def calibration_error(pred: np.ndarray, outcome: np.ndarray, n_bins: int = 15) -
     return float(gap.sum() / max(n.sum(), 1))
 
 
-class AcceptanceModel:
+class AcceptanceModel(AcceptanceState):
     """Online calibrated confidences; see the module docstring for the model and its rules."""
 
     def __init__(self, config: AcceptanceConfig | None = None) -> None:
@@ -180,32 +111,21 @@ class AcceptanceModel:
         return np.array([self._seq_row.get(int(s), -1) for s in np.ravel(seq_ids)], dtype=np.int64)
 
     def _seq_shift(self, seq_ids: np.ndarray, pred_cols: tuple[int, int] | str) -> np.ndarray:
-        """`_shift` of these sequences (`_cat_shift` for pred_cols "cat"), cached until the
-        statistics behind it change (a step asks for the same batch's shift at every draft pass and
-        every causal verify call)."""
+        """(B,) these sequences' Beta-Bernoulli log-odds shift (pred_cols (2, 3)) or their last-step
+        category's shift at position 1 ("cat"), cached until the statistics behind them change (a
+        step asks for the same batch's shifts at every draft pass and every causal verify call)."""
         ids = np.asarray(seq_ids)
         key = (pred_cols, ids.dtype.str, ids.tobytes())
         out = self._shift_cache.get(key)
         if out is None:
             if len(self._shift_cache) > 64:
                 self._shift_cache.clear()
-            rows = self._rows(ids)
-            if pred_cols in ((2, 3), "cat"):  # calibrate reads both: one compiled call makes both
-                # = self._shift(rows, (2, 3)), self._cat_shift(rows)
-                both = seq_shift_kernel(rows, self.seq_stats, self.cat_shift, self.config.seq_strength, EPS, CAT)
-                self._shift_cache[((2, 3),) + key[1:]], self._shift_cache[("cat",) + key[1:]] = both
-                out = self._shift_cache[key]
-            else:
-                out = self._shift_cache[key] = self._shift(rows, pred_cols)
+            # one compiled call makes both (`kernels_reference.seq_shift(self, rows, (2, 3))` and
+            # `kernels_reference.cat_shift(self, rows)`): calibrate reads both
+            both = seq_shift_kernel(self._rows(ids), self.seq_stats, self.cat_shift, self.config.seq_strength, EPS, CAT)
+            self._shift_cache[((2, 3),) + key[1:]], self._shift_cache[("cat",) + key[1:]] = both
+            out = self._shift_cache[key]
         return out
-
-    def _cat_shift(self, rows: np.ndarray) -> np.ndarray:
-        """(B,) position 1's log-odds shift for each sequence's last-step category (module doc,
-        layer 3); unknown sequences are category 0, no step yet."""
-        cat = np.zeros(len(rows), np.int64)  # (B,)
-        known = rows >= 0
-        cat[known] = self.seq_stats[rows[known], CAT]
-        return self.cat_shift[cat]
 
     def _refresh_cats(self) -> None:
         """Each category's Beta-Bernoulli shift from its statistics (module doc, layer 3)."""
@@ -225,13 +145,10 @@ class AcceptanceModel:
         """The global conditional rate of each position (Beta-smoothed counts, each position's
         prior being the previous position's rate) and the planning rates per state and position
         (`prior_conf`: Beta-smoothed counts, each pulled toward the position's global rate).
-        Refreshed with the category shifts (every `cat_refresh` counted observations), and so
-        also at a fit: a state the warm-up never visited (its steps were all 8 deep) is learned
-        within tens of steps of a policy that visits it, not thousands of observations later at
-        the next fit. The global rates move with them: state 0 plans with the global rate and
-        the count behind every state's, which must describe the same data (with the count
-        refreshed and the rate still the prior's 0.5 until the first fit, a replay at
-        concurrency 1 stopped drafting for good after 64 observations)."""
+        Refreshed with the category shifts, not only at a fit, so a state the warm-up never
+        visited is learned within tens of steps of a policy that visits it. The global rates move
+        with them: state 0 plans with the global rate and the count behind every state's, which
+        must describe the same data."""
         cfg = self.config
         k, rate, rates = cfg.rate_strength, cfg.prior_rate, []
         sn, sa = self.state_counts[..., 0], self.state_counts[..., 1]  # (S, P)
@@ -243,20 +160,6 @@ class AcceptanceModel:
         self.state_rates = (sa + cfg.rate_strength * self.global_rates) / (sn + cfg.rate_strength)
         self.state_n = sn.copy()
         self._per_refresh.clear()
-
-    def _shift(self, rows: np.ndarray, pred_cols: tuple[int, int]) -> np.ndarray:
-        """(B,) log-odds shift from each sequence's Beta-Bernoulli posterior (0 when unknown)."""
-        out = np.zeros(len(rows))
-        known = rows >= 0
-        if not known.any():
-            return out
-        st = self.seq_stats[rows[known]]  # (b, SEQ_COLS)
-        n = st[:, 0] + st[:, 1]
-        g = st[:, pred_cols[0]] / np.maximum(st[:, pred_cols[0]] + st[:, pred_cols[1]], EPS)
-        k = self.config.seq_strength
-        theta = (st[:, 0] + k * g) / (n + k)
-        out[known] = np.where(n > 0, _logit(theta) - _logit(g), 0.0)
-        return out
 
     def calibrate(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """Calibrated confidences.
@@ -273,7 +176,8 @@ class AcceptanceModel:
         top1, entropy = np.asarray(top1, np.float64), np.asarray(entropy, np.float64)
         shift = self._seq_shift(seq_ids, (2, 3))  # (B,)
         first = self._seq_shift(seq_ids, "cat")  # (B,) position 1 only
-        # = np.where(top1 > 0, _sigmoid(_linear(top1, entropy, w) + shift[:, None] (+ first at column 0)), 0.0),
+        # = np.where(top1 > 0, _sigmoid(kernels_reference.linear(top1, entropy, w) + shift[:, None]
+        # (+ first at column 0)), 0.0),
         # w = self.weights[self._pos(J)] (the kernel reads column j's weights from row min(j, P - 1))
         return calibrate_kernel(top1, entropy, self.weights, shift, first, EPS)
 
@@ -281,40 +185,31 @@ class AcceptanceModel:
         """(B, K) history-based confidences before drafting.
 
         The base is the global per-position rate *given the sequence's last verified step*, its
-        category (`kernels.last_category`: its length, 1, 2, 3, 4-7 or 8+, and whether all of it
-        was accepted; or none yet). After a rejection the next token follows a correction the
-        draft got wrong, and runs are much shorter: on the bundled pair position 1 is accepted
-        0.87 of the time after a fully accepted step of 8 and 0.68 after a rejection. The length
-        matters as much: three states (all accepted, a rejection, none), learned mostly from the
-        warm-up's steps of 8, planned position 1 at 0.85 after any full acceptance, where after
-        one of 1 or 3 it was accepted 0.76 of the time (static k = 1 and 3 at batch 4, live), and
-        dspark's plan drafted 3 deep at batch 4, where 1 deep ran 6% faster. The rates per state
-        are refreshed every `cat_refresh` counted observations (`_refresh_states`). The base is
-        then shifted by the sequence's own history (Beta-Bernoulli, as `calibrate`).
+        category (`kernels.last_category`: its length and whether all of it was accepted, or none
+        yet): after a rejection the next token follows a correction the draft got wrong, and runs
+        are shorter; a long full acceptance says more than a short one. The base is then shifted
+        by the sequence's own history (Beta-Bernoulli, as `calibrate`).
 
         For planning, position 1's rate is optimistic by `optimism` standard errors,
         r + z sqrt(r (1 - r) / (n + rate_strength)): a rate learned from few observations is
         tried rather than trusted. Without it a pessimistic start is a trap: a policy that drafts
         nothing observes nothing, and the rate never gets the data that would correct it. Deeper
-        positions need no bonus: once position 1 is drafted they are observed in turn, and until
-        then each inherits the rate of the one before. With a few thousand observations the bonus
-        is below 0.01.
+        positions need no bonus: once position 1 is drafted they are observed in turn.
         """
         base = self._per_refresh.get(("logit", K))  # the rates change only at a refresh: computed once per refresh
         if base is None:
             base = self._per_refresh["logit", K] = _logit(self.plan_rates(K))  # (S, K)
-        # = _sigmoid(base[state] + self._shift(rows, (4, 5))[:, None]), state the rows' CAT (0: unknown),
-        # compiled: one call in place of ~15 array calls, which cost ~55 us a step after a forward
+        # = _sigmoid(base[state] + kernels_reference.seq_shift(self, rows, (4, 5))[:, None]), state the
+        # rows' CAT (0: unknown), in one compiled call
         return prior_kernel(self._rows(seq_ids), self.seq_stats, base, self.config.seq_strength, EPS, CAT)
 
     def base_rates(self, K: int) -> tuple[np.ndarray, np.ndarray]:
         """(S, K) planning rates per state, and the observations behind them, as of the last refresh.
 
         State 0 (no verified step yet, or none last step) is the population's rate, pooled over
-        every state: a sequence there has no streak of its own to condition on. Its own learned
-        rate was a trap: it is observed only when a policy drafts in state 0, so a low early
-        estimate stopped the drafting that would have corrected it (on a replay at concurrency 1
-        from a fresh model, dspark never drafted again: 24,854 of 25,205 steps)."""
+        every state: a sequence there has no streak of its own to condition on, and a rate of its
+        own is observed only when a policy drafts in state 0, so a low early estimate would stop
+        the drafting that corrects it."""
         pos = self._pos(K)
         r, n = self.state_rates[:, pos].copy(), self.state_n[:, pos].copy()  # (S, K)
         r[0], n[0] = self.global_rates[pos], self.state_n[:, pos].sum(0)
@@ -466,81 +361,3 @@ class AcceptanceModel:
     def reset_metrics(self) -> None:
         self.metrics[:] = 0.0
         self.brier_sum[:] = 0.0
-
-    # ---- state ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Plain numpy/Python state: sufficient statistics, fit, sequence histories, metrics."""
-        ids = np.array(sorted(self._seq_row), dtype=np.int64)
-        return {"config": asdict(self.config), "cells": self.cells.copy(), "weights": self.weights.copy(),
-                "global_rates": self.global_rates.copy(),
-                "state_counts": self.state_counts.copy(), "state_rates": self.state_rates.copy(),
-                "state_n": self.state_n.copy(), "cat_stats": self.cat_stats.copy(),
-                "cat_shift": self.cat_shift.copy(), "since_cat": self.since_cat,
-                "since_fit": self.since_fit, "seq_ids": ids,
-                "seq_stats": self.seq_stats[[self._seq_row[int(s)] for s in ids]].reshape(-1, SEQ_COLS),
-                "metrics": self.metrics.copy(), "brier_sum": self.brier_sum.copy()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__init__(AcceptanceConfig(**state["config"]))
-        self._check(state)
-        self.cells[:] = state["cells"]
-        self.weights[:] = state["weights"]
-        self.global_rates[:] = state["global_rates"]
-        if "state_counts" in state and np.shape(state["state_counts"]) == self.state_counts.shape:
-            self.state_counts[:] = state["state_counts"]
-            self.state_rates[:] = state["state_rates"]
-            self.state_n[:] = state["state_n"]
-        else:  # from before the planning states were the categories: its counts go to state 0
-            self._pool_counts(state)
-        if "cat_stats" in state:
-            self.cat_stats[:] = state["cat_stats"]
-        if "cat_shift" in state:
-            self.cat_shift = np.array(state["cat_shift"], np.float64).reshape(N_CATS)
-            self.since_cat = int(state.get("since_cat", 0))
-        self.since_fit = int(state["since_fit"])
-        self._per_refresh.clear()
-        self._add_seqs(state)
-        self.metrics[:] = state["metrics"]
-        self.brier_sum[:] = state["brier_sum"]
-
-    def merge(self, other: dict[str, Any]) -> None:
-        """Pool another replica's `state_dict` into this one, then refit.
-
-        Binned statistics, sequence histories and calibration tallies add up, so merging the
-        states of replicas equals one model fed all their observations (exactly, as long as
-        neither refit nor refreshed its category shifts in between: a sequence's predicted sums
-        use the model of its time).
-        Raises:
-            ValueError: the other state has a different binning or number of positions.
-        """
-        self._check(other)
-        self.cells += other["cells"]
-        if "state_counts" in other and np.shape(other["state_counts"]) == self.state_counts.shape:
-            self.state_counts += other["state_counts"]
-        else:
-            self._pool_counts(other)
-        if "cat_stats" in other:
-            self.cat_stats += other["cat_stats"]
-        self._add_seqs(other)
-        self.metrics += other["metrics"]
-        self.brier_sum += other["brier_sum"]
-        self.fit()
-
-    def _pool_counts(self, state: dict[str, Any]) -> None:
-        """Add a state's per-position counts (its cells' totals) to planning state 0, for a state
-        without per-category counts: the global rates are the states' totals (`_refresh_states`)."""
-        cells = np.asarray(state["cells"])
-        self.state_counts[0, :, 0] += cells[:, :, 0].sum(1)
-        self.state_counts[0, :, 1] += cells[:, :, 1].sum(1)
-
-    def _check(self, state: dict[str, Any]) -> None:
-        if np.shape(state["cells"]) != self.cells.shape or np.shape(state["metrics"]) != self.metrics.shape:
-            raise ValueError(f"acceptance state shapes {np.shape(state['cells'])}/{np.shape(state['metrics'])} "
-                             f"do not match this model's {self.cells.shape}/{self.metrics.shape}")
-
-    def _add_seqs(self, state: dict[str, Any]) -> None:
-        self._shift_cache.clear()
-        for s, st in zip(np.asarray(state["seq_ids"]).tolist(), np.asarray(state["seq_stats"])):
-            row = self._row_for(int(s))
-            self.seq_stats[row, :CAT] += st[:CAT]
-            self.seq_stats[row, CAT] = st[CAT]  # the latest category, not a sum

@@ -1,12 +1,10 @@
 """Compiled loops for the profiled cost model's per-step hot path (numba).
 
 Every step the controller refines `ProfiledCost` from the step's measured times, and the next
-query rebuilds the corrected tables (`_monotone_fast` on the target's and the draft's) and the
-row at the batch's new context (`_Interp.row`; the context grows every step). In numpy that was
-~20 small array calls, 33 us for the two tables and 16 us a row on this machine, ~65 us a step,
-paid by every policy (the controller learns the cost whatever the policy) and by dspark twice
-over. These kernels are the same arithmetic in one call each, in the same order, so they give the
-same floats; `tests/adaptive/test_cost_model.py` compares them with the numpy statements.
+query rebuilds the corrected monotone tables and the row at the batch's new context (the context
+grows every step): in numpy, tens of small array calls a step, paid by every policy. These
+kernels are the same arithmetic in one call each, in the same order, so they give the same
+floats; `tests/adaptive/test_cost_model.py` checks them against `kernels_reference`.
 
 Pure arithmetic on the arrays passed in: no state, clock or RNG.
 """
@@ -34,8 +32,8 @@ def _midpoint_line(line: np.ndarray, out: np.ndarray) -> None:
 
 @njit(cache=True)
 def monotone_kernel(table: np.ndarray) -> np.ndarray:
-    """(Nc, Nx) float64 -> `cost_model._monotone_fast(table)`: the midpoint line along x, then
-    along context."""
+    """(Nc, Nx) float64 -> `kernels_reference.monotone_fast(table)`: the midpoint line along x,
+    then along context."""
     nc, nx = table.shape
     rows = np.empty((nc, nx))
     for c in range(nc):
@@ -61,9 +59,9 @@ def refresh_kernel(base_target: np.ndarray, target_logcorr: np.ndarray, base_dra
 
 @njit(cache=True)
 def row_kernel(table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray, ctx: float, far: float) -> np.ndarray:
-    """(Nx + 1,) `_Interp.row`: the (Nc, Nx) table interpolated at context `ctx` (linear, clamped
-    on the left, extrapolated on the right), then its value at x = `far` (the last segment
-    extended; x_ext is the x grid with `far` appended)."""
+    """(Nx + 1,) `cost_profiled._Interp.row`: the (Nc, Nx) table interpolated at context `ctx`
+    (linear, clamped on the left, extrapolated on the right), then its value at x = `far` (the last
+    segment extended; x_ext is the x grid with `far` appended)."""
     nc, nx = table.shape
     i0, w = 0, 0.0
     if nc > 1:

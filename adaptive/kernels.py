@@ -1,17 +1,10 @@
-"""Compiled loops for the acceptance model's per-call hot path (numba).
+"""Compiled loops for the acceptance model's per-call hot paths (numba).
 
-`AcceptanceModel.calibrate` runs after every draft pass (the controller shows a policy the
-calibrated confidences of the positions drafted so far) and at every causal verify call. In numpy
-it is ~20 small array calls, ~33 us a call on this machine whatever the batch, so dspark paid
-~0.25 ms a step for it at batch 1. The kernel is the same arithmetic in one compiled call, in the
-same order (`_linear`, then the shift, the clip and the logistic); `tests/adaptive/test_acceptance.py`
-compares the two.
-
-`AcceptanceModel.observe` runs once a step for every speculating policy: its tallies (calibration
-bins, sequence histories, per-state counts, binned statistics) were ~40 numpy calls, ~0.3-0.5 ms a
-step at batch 4; `observe_kernel` adds them in one loop over the verified positions (~0.15 ms for
-the whole `observe` now, most of it the Python around the call). The test replays random ragged
-steps through it and through the numpy statement of the same tallies.
+`AcceptanceModel.calibrate` runs after every draft pass and at every causal verify call, and
+`observe` once a step for every speculating policy; in numpy each is tens of small array calls,
+paid whatever the batch. These kernels are the same arithmetic in one call each, in the same
+order; `tests/adaptive/test_acceptance.py` checks them against the numpy statements in
+`kernels_reference` (and, for `observe_kernel`, against numpy tallies of random ragged steps).
 
 Pure arithmetic on the arrays passed in: no state, clock or RNG.
 """
@@ -66,9 +59,9 @@ def calibrate_kernel(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray, shift
 @njit(cache=True)
 def seq_shift_kernel(rows: np.ndarray, seq_stats: np.ndarray, cat_shift: np.ndarray, strength: float, eps: float,
                      cat_col: int) -> tuple[np.ndarray, np.ndarray]:
-    """(B,) `AcceptanceModel._shift(rows, (2, 3))` and (B,) `_cat_shift(rows)`: each sequence's
-    Beta-Bernoulli log-odds shift on columns (0, 1) against (2, 3) (0 when unknown, rows < 0, or
-    nothing observed yet), and its last-step category's shift (category 0 when unknown)."""
+    """(B,) `kernels_reference.seq_shift(model, rows, (2, 3))` and (B,) `cat_shift(model, rows)`:
+    each sequence's Beta-Bernoulli log-odds shift on columns (0, 1) against (2, 3) (0 when unknown,
+    rows < 0, or nothing observed yet), and its last-step category's shift (category 0 when unknown)."""
     B = rows.shape[0]
     shift, first = np.zeros(B), np.empty(B)
     for r in range(B):
@@ -82,7 +75,7 @@ def seq_shift_kernel(rows: np.ndarray, seq_stats: np.ndarray, cat_shift: np.ndar
 
 @njit(cache=True)
 def _row_shift(seq_stats: np.ndarray, i: int, pred: int, strength: float, eps: float) -> float:
-    """`AcceptanceModel._shift` of seq_stats row i (known): the Beta-Bernoulli log-odds shift of
+    """`kernels_reference.seq_shift` of seq_stats row i (known): the Beta-Bernoulli log-odds shift of
     its accepted / rejected counts (columns 0, 1) against the predictions in columns (pred, pred + 1);
     0 with nothing observed yet."""
     n = seq_stats[i, 0] + seq_stats[i, 1]
@@ -95,7 +88,7 @@ def _row_shift(seq_stats: np.ndarray, i: int, pred: int, strength: float, eps: f
 
 @njit(cache=True)
 def _logit_at(p: float) -> float:
-    """`acceptance._logit` of one number: clipped to [1e-4, 1 - 1e-4]."""
+    """`acceptance_config._logit` of one number: clipped to [1e-4, 1 - 1e-4]."""
     p = min(max(p, 1e-4), 1.0 - 1e-4)
     return math.log(p) - math.log1p(-p)
 
@@ -106,7 +99,7 @@ def prior_kernel(rows: np.ndarray, seq_stats: np.ndarray, base: np.ndarray, stre
     """(B, K) `AcceptanceModel.prior_conf`: sigmoid(clip(base[state_r] + shift_r, +-30)), state_r
     the sequence's last-step category (column `cat_col` of its seq_stats row; 0 for rows < 0,
     unknown sequences), shift_r its Beta-Bernoulli log-odds shift on columns (0, 1) against
-    (4, 5) (`AcceptanceModel._shift`; 0 when unknown or nothing observed yet).
+    (4, 5) (`kernels_reference.seq_shift`; 0 when unknown or nothing observed yet).
 
     Args:
         rows: (B,) int64 seq_stats rows, -1 for unknown sequences.

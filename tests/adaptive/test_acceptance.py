@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdepth.adaptive.acceptance import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel, _clip,
-                                 _linear, _logit, _sigmoid, calibration_error)
+from specdepth.adaptive import kernels_reference as ref_np
+from specdepth.adaptive.acceptance import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel,
+                                           calibration_error)
+from specdepth.adaptive.acceptance_config import _clip, _logit, _sigmoid
 from specdepth.adaptive.kernels import calibrate_kernel, last_category
 
 
@@ -155,7 +157,7 @@ def test_calibrate_kernel_matches_the_numpy_formula():
         w = rng.normal(0, 3, (J, 4))
         shift = rng.normal(0, 2, B)
         first = rng.normal(0, 1, B)
-        z = _linear(top1, entropy, w) + shift[:, None]
+        z = ref_np.linear(top1, entropy, w) + shift[:, None]
         z[:, 0] += first
         ref = np.where(top1 > 0, _sigmoid(z), 0.0)
         got = calibrate_kernel(top1, entropy, w, shift, first, EPS)
@@ -188,7 +190,7 @@ def test_prior_conf_kernel_matches_the_numpy_formula():
     for K in (1, 8, 12):
         rows = m._rows(ids)
         state = np.where(rows >= 0, m.seq_stats[np.maximum(rows, 0), CAT], 0).astype(np.int64)
-        ref = _sigmoid(_logit(m.plan_rates(K))[state] + m._shift(rows, (4, 5))[:, None])
+        ref = _sigmoid(_logit(m.plan_rates(K))[state] + ref_np.seq_shift(m, rows, (4, 5))[:, None])
         got = m.prior_conf(ids, K)
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
         assert got.shape == (len(ids), K) and len(np.unique(state)) > 2  # several states met
@@ -196,9 +198,10 @@ def test_prior_conf_kernel_matches_the_numpy_formula():
 
 def test_calibrate_matches_its_numpy_statement():
     """`calibrate` (the shifts and the confidences compiled) against numpy: the per-sequence shift
-    `_shift(rows, (2, 3))`, the category shift `_cat_shift`, weights per column up to the last
-    position with its own regression, on a model that has observed ragged steps; sequences never
-    seen among them; repeated calls (the shifts cached within a step) give the same numbers."""
+    `kernels_reference.seq_shift(m, rows, (2, 3))`, the category shift `cat_shift`, weights per
+    column up to the last position with its own regression, on a model that has observed ragged
+    steps; sequences never seen among them; repeated calls (the shifts cached within a step) give
+    the same numbers."""
     rng = np.random.default_rng(11)
     m = ragged_model(rng, AcceptanceConfig(max_positions=4))
     ids = np.concatenate([rng.choice(40, 30, replace=False), [1000, 1001]])  # two never seen
@@ -207,13 +210,13 @@ def test_calibrate_matches_its_numpy_statement():
         top1 = rng.uniform(0, 1, (len(ids), J))
         top1[rng.random(top1.shape) < 0.2] = 0.0
         entropy = rng.uniform(0, 4, top1.shape)
-        z = _linear(top1, entropy, m.weights[m._pos(J)]) + m._shift(rows, (2, 3))[:, None]
-        z[:, 0] += m._cat_shift(rows)
+        z = ref_np.linear(top1, entropy, m.weights[m._pos(J)]) + ref_np.seq_shift(m, rows, (2, 3))[:, None]
+        z[:, 0] += ref_np.cat_shift(m, rows)
         ref = np.where(top1 > 0, _sigmoid(z), 0.0)
         got = m.calibrate(ids, top1, entropy)
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
         np.testing.assert_array_equal(m.calibrate(ids, top1, entropy), got)
-    assert (m._cat_shift(rows) != 0).any() and (m._shift(rows, (2, 3)) != 0).any()
+    assert (ref_np.cat_shift(m, rows) != 0).any() and (ref_np.seq_shift(m, rows, (2, 3)) != 0).any()
 
 
 def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
@@ -232,7 +235,7 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
         np.add.at(m.metrics[k], b, np.stack([np.ones_like(s), s, r], 1))
         m.brier_sum[k] += ((s - r) ** 2).sum()
     g_conf = m._global_conf(top1, entropy)
-    first_base = _sigmoid(_linear(top1[:, :1], entropy[:, :1], m.weights[:1])[:, 0] + m._seq_shift(seq_ids, (2, 3)))
+    first_base = _sigmoid(ref_np.linear(top1[:, :1], entropy[:, :1], m.weights[:1])[:, 0] + m._seq_shift(seq_ids, (2, 3)))
     rows = [m._row_for(int(x)) for x in seq_ids]
     cat = m.seq_stats[rows, CAT].astype(np.int64)  # also the planning state
     g_rate = m.base_rates(J)[0][cat]
