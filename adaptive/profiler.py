@@ -3,20 +3,15 @@
 A target step of N step tokens is timed as a verification pass really runs: ceil(N / T)
 sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), logits on, each
 sequence holding an equal share of `context_tokens` in the KV cache; and in the decode shape, as a
-step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table). The cache is only advanced,
-never filled: attention cost depends on lengths, not values. A draft pass is `batch` sequences of
-one token. Each point is the median of `repeats` timed forwards, each after a warm-up forward;
-the grid is timed in `repeats` passes, every pass in a fresh shuffled order, so a slow spell of a
-shared machine spreads over many points instead of landing on all the repeats of a few (timed
-point by point, a 3-repeat CPU profile had T(2) < T(1) and a flat T from 4 to 8 tokens). Cheap
-points get more passes, up to `max_repeats`, as many as fit in `point_budget_s` of timed forwards
-each: the depth choices at small batches rest on the differences between neighbouring small
-cells, a few percent of a pass. With 5 repeats a CPU profile of the bundled pair put 3 step tokens
-at batch 1 15% over 2 (4.13 against 3.58 ms), where 15 forwards measured 2% (2.48 against 2.43),
-and live steps 2% (2.52 against 2.47); the online correction never fixed that cell, because the
-price kept dspark from the 2-deep steps that would have shown it, while static k = 2 ran 2-3%
-faster than k = 1 there. The extra passes cost at most `point_budget_s` a point (a profile of the
-default grid: ~30 s more on this CPU, nothing on a GPU, whose points are all cheap).
+step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table). The
+cache is only advanced, never filled: attention cost depends on lengths, not values. A draft pass
+is `batch` sequences of one token.
+
+Each point is the median of its timed forwards, each after a warm-up forward. The grid is timed
+in passes, every pass in a fresh shuffled order, so a slow spell of a shared machine spreads over
+many points instead of landing on all the repeats of a few. Cheap points get more passes (up to
+`max_repeats`, as many as fit in `point_budget_s` each): depth choices at small batches rest on
+the differences between neighbouring small cells, a few percent of a pass.
 """
 
 from __future__ import annotations
