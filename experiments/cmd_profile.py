@@ -16,30 +16,33 @@ from pathlib import Path
 import numpy as np
 
 from specdepth.adaptive.cost_model import ProfiledCost
+from specdepth.experiments.argtypes import int_range
+from specdepth.experiments.spec_types import device_spec, int_list, output_path, plot_path, threads
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+REPEATS_LIMIT = 1000
+TOKENS_LIMIT = 4096  # step tokens of one timed pass (the default grid ends at 512)
+CTX_LIMIT = 65536  # context tokens of one timed pass: its KV cache is allocated whole
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="time the bundled pair's forwards; write a cost table JSON",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="where to write the ProfiledCost JSON")
-    p.add_argument("--plot", type=Path, default=None, help="also draw step time and time per token (PNG)")
+    p.add_argument("--out", required=True, type=output_path, help="where to write the ProfiledCost JSON")
+    p.add_argument("--plot", type=plot_path, default=None,
+                   help="also draw step time and time per token (.png, .pdf or .svg)")
     p.add_argument("--quick", action="store_true", help="tiny grid, 2 repeats (smoke test)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if available)")
+    p.add_argument("--device", type=device_spec, default="auto",
+                   help="cpu, cuda, cuda:1, ... (auto: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per grid point (median)")
-    p.add_argument("--token-grid", type=_ints, default=None, help="step tokens, e.g. 1,2,4,...,512")
-    p.add_argument("--ctx-grid", type=_ints, default=None, help="total context tokens, e.g. 0,1024,4096")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--repeats", type=int_range(1, REPEATS_LIMIT), default=5,
+                   help=f"timed runs per grid point (median; 1 to {REPEATS_LIMIT})")
+    p.add_argument("--token-grid", type=int_list(1, TOKENS_LIMIT, increasing=True), default=None,
+                   help=f"step tokens, increasing, 1 to {TOKENS_LIMIT}: e.g. 1,2,4,...,512")
+    p.add_argument("--ctx-grid", type=int_list(0, CTX_LIMIT, increasing=True), default=None,
+                   help=f"total context tokens, increasing, 0 to {CTX_LIMIT}: e.g. 0,1024,4096")
+    p.add_argument("--threads", type=threads, default=0, help="torch CPU threads (0: torch's default)")
     p.set_defaults(func=run)
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:

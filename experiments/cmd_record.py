@@ -13,25 +13,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from specdepth.experiments.argtypes import existing_file, float_range, int_range, non_negative_int, positive_int
+from specdepth.experiments.cli import report
+from specdepth.experiments.spec_types import K_LIMIT, device_spec, model_path, output_path, threads
+
+
+BATCH_LIMIT = 1024  # --batch: every slot holds a full-context KV cache
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("record", help="record a draft/target pair's acceptance trace on prompts",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="trace file to write (.jsonl or .jsonl.gz)")
-    p.add_argument("--prompts", type=Path, default=None, help="prompt file (default: bundled held-out prompts)")
-    p.add_argument("--n", type=int, default=0, help="use the first N prompts (default all)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="output tokens per request")
-    p.add_argument("--k-max", type=int, default=8, help="draft chain length K recorded per position")
-    p.add_argument("--target", default=None, help="target model (.safetensors or HF folder); with --draft")
-    p.add_argument("--draft", default=None, help="draft model; with --target (default: the bundled pair)")
-    p.add_argument("--batch", type=int, default=16, help="sequences decoded together")
-    p.add_argument("--temperature", type=float, default=0.0, help="> 0: record a sampling trace")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", required=True, type=output_path, help="trace file to write (.jsonl or .jsonl.gz)")
+    p.add_argument("--prompts", type=existing_file, default=None,
+                   help="prompt file (default: bundled held-out prompts)")
+    p.add_argument("--n", type=non_negative_int, default=0, help="use the first N prompts (default all)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="output tokens per request")
+    p.add_argument("--k-max", type=int_range(1, K_LIMIT), default=8,
+                   help=f"draft chain length K recorded per position (1 to {K_LIMIT})")
+    p.add_argument("--target", type=model_path, default=None,
+                   help="target model (.safetensors or HF folder); with --draft")
+    p.add_argument("--draft", type=model_path, default=None,
+                   help="draft model; with --target (default: the bundled pair)")
+    p.add_argument("--batch", type=int_range(1, BATCH_LIMIT), default=16,
+                   help=f"sequences decoded together (1 to {BATCH_LIMIT})")
+    p.add_argument("--temperature", type=float_range(0.0), default=0.0, help="> 0: record a sampling trace")
+    p.add_argument("--seed", type=int_range(0, 2**64 - 1), default=0, help="sampling seed")
+    p.add_argument("--device", type=device_spec, default=None,
+                   help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--threads", type=threads, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -40,7 +52,11 @@ def read_prompts(path: Path) -> list[str | list[int]]:
     """Prompts from JSON lines ({"prompt": text or [token ids]}) or plain text lines (a literal
     backslash-n is a newline). Raises ValueError naming the file and line."""
     out: list[str | list[int]] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
@@ -76,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
                                batch=args.batch, progress=not args.no_progress, temperature=args.temperature,
                                seed=args.seed)
     except (ValueError, FileNotFoundError) as e:
-        print(f"specdepth record: {e}", file=sys.stderr)
-        return 2
+        return report("record", e)
     traces.save(args.out)
     m = traces.match
     print(f"wrote {args.out}: {len(traces)} requests, {len(m)} positions, K = {args.k_max}; "

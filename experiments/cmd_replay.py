@@ -21,59 +21,52 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdepth.experiments.argtypes import int_range, non_negative_int, positive_int
+from specdepth.experiments.cli import report
 from specdepth.experiments.replay import load_arrivals, replay
+from specdepth.experiments.spec_types import (arrivals_csv, cost_spec, float_list, int_list, output_path,
+                                              plot_path, policy_spec, trace_file)
 from specdepth.experiments.traces import TraceError, load_trace_files
 
 
 ARRIVALS_DEFAULT = 1000  # arrivals replayed when --requests is not given (the Azure files hold ~10^4)
+LOAD_LIMIT = 1 << 20  # largest --concurrency and --max-batch: sizes past it only exhaust memory
+REQUESTS_LIMIT = 10_000_000  # largest --requests: each simulated request keeps a few arrays' entries
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return vals
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) <= 0:
-        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
-    return vals
+_ints = int_list(1, LOAD_LIMIT)  # closed-loop client counts (shared with `specdepth tune`)
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
     """--trace, --cost and the closed-loop options, shared with `specdepth tune`."""
-    p.add_argument("--trace", action="append", required=True, type=Path,
+    p.add_argument("--trace", action="append", required=True, type=trace_file,
                    help="trace file (.jsonl[.gz]); repeat to pool several")
-    p.add_argument("--cost", default="h200", help="cost model spec or profile JSON (default h200)")
-    p.add_argument("--max-batch", type=int, default=256, help="most sequences per step (default 256)")
-    p.add_argument("--requests", type=int, default=0,
+    p.add_argument("--cost", default="h200", type=cost_spec, help="cost model spec or profile JSON (default h200)")
+    p.add_argument("--max-batch", type=int_range(1, LOAD_LIMIT), default=256,
+                   help="most sequences per step (default 256)")
+    p.add_argument("--requests", type=int_range(0, REQUESTS_LIMIT), default=0,
                    help="closed loop: requests per run (default max(#traces, 4 C)); arrivals: the first N "
                         "(default 1000)")
-    p.add_argument("--k-max", type=int, default=0, help="largest draft budget (default the traces' K)")
+    p.add_argument("--k-max", type=non_negative_int, default=0, help="largest draft budget (default the traces' K)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="replay depth policies on traces at given loads (goodput, latency)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_args(p)
-    p.add_argument("--policy", action="append", required=True, help="policy spec; repeat for several")
+    p.add_argument("--policy", action="append", required=True, type=policy_spec,
+                   help="policy spec; repeat for several")
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_ints, help="closed-loop clients, e.g. 1,2,4,...,256")
-    load.add_argument("--arrivals", help="Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens), or code / conv")
-    p.add_argument("--rate-scale", type=_floats, default=[1.0], help="arrival-rate multipliers, e.g. 0.5,1,2")
-    p.add_argument("--max-output", type=int, default=2048, help="arrivals: cap on output tokens per request")
+    load.add_argument("--arrivals", type=arrivals_csv,
+                      help="Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens), or code / conv")
+    p.add_argument("--rate-scale", type=float_list(0.0, lo_open=True), default=[1.0],
+                   help="arrival-rate multipliers, e.g. 0.5,1,2")
+    p.add_argument("--max-output", type=positive_int, default=2048, help="arrivals: cap on output tokens per request")
     p.add_argument("--drain", action="store_true", help="closed loop: run every request to completion")
-    p.add_argument("--seed", type=int, default=0, help="sampling traces: acceptance draws")
-    p.add_argument("--json", type=Path, default=None, help="write one JSON line per run here")
-    p.add_argument("--plot", type=Path, default=None, help="goodput vs load, one line per policy (PNG)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling traces: acceptance draws")
+    p.add_argument("--json", type=output_path, default=None, help="write one JSON line per run here")
+    p.add_argument("--plot", type=plot_path, default=None,
+                   help="goodput vs load, one line per policy (.png, .pdf or .svg)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -85,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
         traces = load_trace_files(args.trace)
         arrivals = load_arrivals(args.arrivals, args.requests or ARRIVALS_DEFAULT) if args.arrivals else None
     except (TraceError, ValueError, FileNotFoundError) as e:
-        print(f"specdepth replay: {e}", file=sys.stderr)
-        return 2
+        return report("replay", e)
     loads: list[dict[str, Any]] = ([{"concurrency": c} for c in args.concurrency] if arrivals is None
                                    else [{"arrivals": arrivals, "rate_scale": r} for r in args.rate_scale])
     rows = []
@@ -97,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
                          drain=args.drain, max_output=args.max_output, k_max=args.k_max or None,
                          seed=args.seed, **load)
         except ValueError as e:
-            print(f"specdepth replay: {e}", file=sys.stderr)
-            return 2
+            return report("replay", e)
         rows.append(res.metrics)
     print(format_table(rows))
     if traces.header.sampling:

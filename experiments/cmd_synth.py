@@ -20,9 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from specdepth.experiments.argtypes import float_range, int_range, non_negative_int, positive_int
+from specdepth.experiments.spec_types import K_LIMIT, float_list, output_path
 from specdepth.experiments.traces import TraceHeader, TraceRequest, TraceSet
 
 SPREAD = 20  # tokens sharing the draft's non-top-1 mass, for the synthetic entropy
+PROMPT_LIMIT = 10_000_000  # --prompt-len: far past any model's context
+CELLS_LIMIT = 100_000_000  # requests x tokens x K: the arrays of one trace stay within a few GB
 
 
 def _curve(alpha: float | None, curve: tuple[float, ...] | None, K: int) -> np.ndarray:
@@ -68,7 +72,8 @@ def synth_traces(requests: int, tokens: int, seed: int = 0, alpha: float | None 
         ok = rng.random((tokens, k_max)) < p  # (T, K) would chain position j be accepted at t
         match = np.minimum(np.cumprod(ok, axis=1).sum(1), tokens - np.arange(tokens))  # (T,)
         z = slope * np.log(np.clip(p, 1e-4, 1 - 1e-4) / np.clip(1 - p, 1e-4, 1)) + bias
-        top1 = 1 / (1 + np.exp(-(z + noise * rng.standard_normal((tokens, k_max)))))
+        with np.errstate(over="ignore"):  # a huge --noise saturates the sigmoid at 0 or 1, as it should
+            top1 = 1 / (1 + np.exp(-(z + noise * rng.standard_normal((tokens, k_max)))))
         top1 = np.clip(top1, 1e-4, 1.0)
         rest = np.clip(1 - top1, 1e-12, 1)
         ent = -(top1 * np.log(top1) + rest * np.log(rest / SPREAD))
@@ -81,35 +86,35 @@ def synth_traces(requests: int, tokens: int, seed: int = 0, alpha: float | None 
     return TraceSet(TraceHeader("synthetic", "synthetic", "none", k_max, float(temperature), meta=meta), out)
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError("empty curve")
-    return vals
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("synth", help="write synthetic acceptance traces (known alpha or curve)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="trace file to write (.jsonl or .jsonl.gz)")
-    p.add_argument("--requests", type=int, required=True, help="number of requests")
-    p.add_argument("--tokens", type=int, required=True, help="output tokens per request")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=output_path, help="trace file to write (.jsonl or .jsonl.gz)")
+    p.add_argument("--requests", type=positive_int, required=True, help="number of requests")
+    p.add_argument("--tokens", type=positive_int, required=True, help="output tokens per request")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--alpha", type=float, help="i.i.d. acceptance probability of every draft position")
-    g.add_argument("--curve", type=_floats, help="per-position acceptance, e.g. 0.94,0.86,0.8 (last repeats)")
-    p.add_argument("--k-max", type=int, default=8, help="chain length K recorded per position")
-    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per request (cost context)")
-    p.add_argument("--temperature", type=float, default=0.0, help="> 0: a sampling trace with accept_prob")
-    p.add_argument("--concentration", type=float, default=4.0, help="Beta concentration of p around alpha")
-    p.add_argument("--noise", type=float, default=0.5, help="noise on logit(top1)")
+    g.add_argument("--alpha", type=float_range(0.0, 1.0), help="i.i.d. acceptance probability of every draft position")
+    g.add_argument("--curve", type=_curve_arg, help="per-position acceptance, e.g. 0.94,0.86,0.8 (last repeats)")
+    p.add_argument("--k-max", type=int_range(1, K_LIMIT), default=8,
+                   help=f"chain length K recorded per position (1 to {K_LIMIT})")
+    p.add_argument("--prompt-len", type=int_range(0, PROMPT_LIMIT), default=256,
+                   help="prompt tokens per request (cost context)")
+    p.add_argument("--temperature", type=float_range(0.0), default=0.0, help="> 0: a sampling trace with accept_prob")
+    p.add_argument("--concentration", type=float_range(0.0, lo_open=True), default=4.0,
+                   help="Beta concentration of p around alpha (> 0)")
+    p.add_argument("--noise", type=float_range(0.0), default=0.5, help="noise on logit(top1) (>= 0)")
     p.set_defaults(func=run)
 
 
+def _curve_arg(text: str) -> tuple[float, ...]:
+    return tuple(float_list(0.0, 1.0)(text))
+
+
 def run(args: argparse.Namespace) -> int:
+    cells = args.requests * args.tokens * args.k_max
+    if cells > CELLS_LIMIT:
+        raise ValueError(f"--requests x --tokens x --k-max = {cells} chain positions; at most {CELLS_LIMIT}")
     traces = synth_traces(args.requests, args.tokens, args.seed, args.alpha, args.curve, args.k_max,
                           args.prompt_len, args.temperature, args.concentration, args.noise)
     traces.save(args.out)

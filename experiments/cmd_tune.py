@@ -17,6 +17,7 @@ import json
 import math
 import sys
 
+from specdepth.experiments.cli import report
 from specdepth.experiments.cmd_replay import _ints, add_load_args
 from specdepth.experiments.replay import replay
 from specdepth.experiments.traces import TraceError, TraceSet, load_trace_files
@@ -63,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         traces = load_trace_files(args.trace)
     except (TraceError, ValueError) as e:
-        print(f"specdepth tune: {e}", file=sys.stderr)
-        return 2
+        return report("tune", e)
     K = min(args.k_max or traces.k_max, traces.k_max)
     best: dict[int, int] = {}
     for c in tqdm(sorted(set(args.concurrency)), desc="tune", unit="load", disable=args.no_progress,
@@ -72,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             best[c], good = best_static(traces, args.cost, c, K, args.max_batch, args.requests or None)
         except ValueError as e:
-            print(f"specdepth tune: {e}", file=sys.stderr)
-            return 2
+            return report("tune", e)
         print(f"C={c}: best k={best[c]} ({good[best[c]]:.1f} tok/s; k=0: {good[0]:.1f})", file=sys.stderr)
     print(json.dumps(bands(best, args.max_batch)))
     return 0
