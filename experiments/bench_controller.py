@@ -21,11 +21,13 @@ per-call overhead of numpy, printed first.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 
 from specdepth.adaptive.cost_model import FixedCost, RooflineCost
+from specdepth.experiments.results_io import default_out, stamp, table, write_result
 from specdepth.policies.base import DraftContext, PlanContext, StepCost, VerifyContext
 from specdepth.policies.dspark import DSpark
 
@@ -112,9 +114,12 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=str(default_out("bench_controller")), help="stamped JSON result (results_io)")
     args = ap.parse_args()
+    meta = stamp()
     bench(4, args.depth, COSTS["dense"], 5)  # compile (or load) the kernels
-    print(f"numpy per-call overhead here: {numpy_call_us():.2f} us (a quiet modern core: ~0.3)")
+    call_us = numpy_call_us()
+    print(f"numpy per-call overhead here: {call_us:.2f} us (a quiet modern core: ~0.3)")
     configs = [(name, b) for name in COSTS for b in args.batch]
     runs: dict[tuple[str, int], list[dict[str, float]]] = {c: [] for c in configs}
     for r in range(args.rounds):
@@ -122,6 +127,7 @@ def main() -> None:
             runs[name, b].append(bench(b, args.depth, COSTS[name], args.steps, seed=r))
     print(f"{'cost':>9} {'B':>4} {'plan us':>8} {'keep us':>8} {'verify us':>10} {'total us':>9} {'quiet us':>9} "
           f"{'p90 us':>7} {'depth':>5}")
+    rows = []
     for name, b in configs:
         rs = runs[name, b]
         pooled = {k: float(np.median(np.concatenate([x[k] for x in rs]))) for k in ("plan", "keep", "verify", "total")}
@@ -130,7 +136,15 @@ def main() -> None:
         depth = float(np.median(np.concatenate([x["drafted"] for x in rs])))
         print(f"{name:>9} {b:>4} {pooled['plan']:>8.1f} {pooled['keep']:>8.1f} {pooled['verify']:>10.1f} "
               f"{pooled['total']:>9.1f} {quiet:>9.1f} {p90:>7.1f} {depth:>5.0f}")
-    print(f"(median over {args.rounds} rounds x {args.steps} steps; 'quiet': the median of the quietest round)")
+        rows.append([name, b, pooled["plan"], pooled["keep"], pooled["verify"], pooled["total"], quiet, p90, depth])
+    tail = f"(median over {args.rounds} rounds x {args.steps} steps; 'quiet': the median of the quietest round)"
+    print(tail)
+    cols = ["cost", "B", "plan us", "keep us", "verify us", "total us", "quiet us", "p90 us", "depth"]
+    data = {"tables": [table(f"dspark's time per step, K = {args.depth}", cols, rows,
+                             ["s", "d"] + [".1f"] * 6 + [".0f"])],
+            "notes": [f"numpy per-call overhead on this machine: {call_us:.2f} us (a quiet modern core: ~0.3)", tail],
+            "numpy_call_us": call_us}
+    print(f"wrote {write_result(args.out, 'bench_controller', data, meta)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

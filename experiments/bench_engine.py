@@ -10,12 +10,14 @@ size (acceptance then near 0, so depth > 0 only shows the cost of speculating).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 import torch
 
 from specdepth.adaptive.engine import Engine, Request
+from specdepth.experiments.results_io import default_out, stamp, table, write_result
 from specdepth.workers.bundled import heldout_prompts, load_pair
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.runner import PairRunner
@@ -82,7 +84,10 @@ def main() -> None:
     ap.add_argument("--random", action="store_true", help="random models of the bundled pair's size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=str(default_out("bench_engine")), help="stamped JSON result (results_io)")
     args = ap.parse_args()
+    meta = stamp()
+    tables, notes = [], []
     torch.set_num_threads(args.threads)
     pair = load_pair(device="cpu")
     if args.random:
@@ -90,14 +95,20 @@ def main() -> None:
             m.init_weights(0)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in heldout_prompts(64)]
-    print(f"target {pair.target.num_params() / 1e6:.1f}M params, draft {pair.draft.num_params() / 1e6:.2f}M; "
-          f"{'random' if args.random else 'bundled'} weights; {args.threads} threads; "
-          f"{args.new_tokens} new tokens per request\n")
+    setup = (f"target {pair.target.num_params() / 1e6:.1f}M params, draft {pair.draft.num_params() / 1e6:.2f}M; "
+             f"{'random' if args.random else 'bundled'} weights; {args.threads} threads; "
+             f"{args.new_tokens} new tokens per request")
+    print(setup + "\n")
+    notes.append(setup)
     print("batch  depth   tok/s   step ms  accept-len")
+    rows = []
     for batch in (1, 4, 16, 64):
         for depth in (0, 1, 2, 4, 8):
             tps, step_s, al = run_fixed(pair, prompts, batch, depth, args.new_tokens)
             print(f"{batch:5d}  {depth:5d}  {tps:7.1f}  {step_s * 1e3:8.2f}  {al:9.2f}", flush=True)
+            rows.append([batch, depth, tps, step_s * 1e3, al])
+    tables.append(table("fixed depths, no controller", ["batch", "depth", "tok/s", "step ms", "accept-len"], rows,
+                        ["d", "d", ".1f", ".2f", ".2f"]))
 
     grid = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     curve = forward_curve(pair.target, grid)
@@ -105,11 +116,14 @@ def main() -> None:
     print("    N   ms/pass   us/token")
     for n, t in zip(grid, curve):
         print(f"{n:5d}  {t * 1e3:8.2f}  {t / n * 1e6:9.1f}")
+    tables.append(table("target forward time vs step tokens N (context 128 per sequence)", ["N", "ms/pass", "us/token"],
+                        [[n, t * 1e3, t / n * 1e6] for n, t in zip(grid, curve)], ["d", ".2f", ".1f"]))
 
     print("\nragged verify passes (context 200 per sequence): per-token layers run on the valid tokens only,"
           "\nattention padded to batch x longest row, or in two parts (every first token; the longer rows"
           "\npadded) where that pads less than 1/1.5 as much; a pass costs about its tokens, not batch x longest row")
     print("  batch  rows                   tokens  B x T    ms/pass  vs all-1")
+    ragged = []
     for b in (16, 64):
         base = ragged_pass(pair.target, [1] * b)
         for name, rows in (("all 1", [1] * b), ("one 9, rest 1", [9] + [1] * (b - 1)), ("all 2", [2] * b),
@@ -117,10 +131,15 @@ def main() -> None:
             t = base if name == "all 1" else ragged_pass(pair.target, rows)
             print(f"  {b:5d}  {name:20s}  {sum(rows):6d}  {b * max(rows):5d}  {t * 1e3:8.2f}  {t / base:7.2f}x",
                   flush=True)
+            ragged.append([b, name, sum(rows), b * max(rows), t * 1e3, t / base])
+    tables.append(table("ragged verify passes (context 200 per sequence)",
+                        ["batch", "rows", "tokens", "B x T", "ms/pass", "vs all-1"], ragged,
+                        ["d", "s", "d", "d", ".2f", ".2f"]))
 
     print("\nstep time vs generated length (batch 16): the batch is decoded to the length, then 16 steps "
           "are timed there; tokens/s from the median step (robust to this shared machine's spikes)")
     short = [p[:16] for p in prompts[:16]]
+    lengths = []
     for depth in (0, 2):
         res = {}
         for gen_len in (64, 512):
@@ -138,7 +157,13 @@ def main() -> None:
             res[gen_len] = per_step / float(np.median(times))
             print(f"  depth {depth}, generated length {gen_len:4d}: {res[gen_len]:7.1f} tok/s, median step "
                   f"{np.median(times) * 1e3:.1f} ms, {per_step / 16:.2f} tokens per sequence-step")
+            lengths.append([depth, gen_len, res[gen_len], float(np.median(times)) * 1e3, per_step / 16, None])
         print(f"  depth {depth}: ratio 512 / 64 = {res[512] / res[64]:.2f} (goal >= 0.80)")
+        lengths[-1][-1] = res[512] / res[64]
+    tables.append(table("step time vs generated length (batch 16; tokens/s from the median of 16 steps there)",
+                        ["depth", "generated length", "tok/s", "median step ms", "tokens per sequence-step",
+                         "ratio 512 / 64"], lengths, ["d", "d", ".1f", ".1f", ".2f", ".2f"]))
+    print(f"wrote {write_result(args.out, 'bench_engine', {'tables': tables, 'notes': notes}, meta)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.cost_model import CostModel
 from specdepth.adaptive.engine import Engine, Request
 from specdepth.experiments.cmd_generate import build_cost
+from specdepth.experiments.results_io import default_out, stamp, write_result
+from specdepth.experiments.results_io import table as table_
 from specdepth.policies.registry import make_policy
 from specdepth.workers.bundled import heldout_prompts, load_pair
 from specdepth.workers.runner import PairRunner
@@ -247,7 +250,9 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; spaces not allowed")
     ap.add_argument("--solo", type=int, default=1,
                     help="solo runs of dspark per batch size, each alone on the machine (0: none; see `solo_runs`)")
+    ap.add_argument("--out", default=str(default_out("bench_live")), help="stamped JSON result (results_io)")
     args = ap.parse_args()
+    meta = stamp()
     torch.set_num_threads(args.threads)
     pair = load_pair(device=args.device)
     tok = pair.tokenizer
@@ -304,60 +309,79 @@ def main() -> None:
             errs.append((*np.median(np.array(err), axis=0), float(np.median(noise)) if noise else float("nan"),
                          float(np.median(off_err)) if off_err else float("nan")))
     table = {k: float(np.median(v)) for k, v in runs.items()}
-    print(f"\ntokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)\n")
+    title = f"tokens/s (greedy, bundled pair, held-out prompts; median of {args.rounds} rounds)"
+    print(f"\n{title}\n")
     print("| policy | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|" + "---:|" * len(batches))
     for spec in policies:
         print(f"| {spec} | " + " | ".join(f"{table[spec, b]:.1f}" for b in batches) + " |")
-    print("\ncontroller time per step, ms (plan + keep_drafting + verify + observe; median of rounds)")
+    cols = ["policy"] + [f"batch {b}" for b in batches]
+    tables = [table_(title, cols, [[s] + [table[s, b] for b in batches] for s in policies], ["s"] + [".1f"] * len(batches))]
+    ctl_title = "controller time per step, ms (plan + keep_drafting + verify + observe; median of rounds)"
+    print(f"\n{ctl_title}")
     for spec in policies:
         print(f"  {spec:14s} " + "  ".join(f"b{b} {np.median(ctl_ms[spec, b]):.2f}" for b in batches))
+    tables.append(table_(ctl_title, cols, [[s] + [float(np.median(ctl_ms[s, b])) for b in batches] for s in policies],
+                         ["s"] + [".2f"] * len(batches)))
+    notes: list[str] = []
     if "dspark" in policies:
+        notes = summary_lines(args, policies, batches, runs, table, cal, all_models, full_models, errs, solo)
         print("\nratios (dspark vs ...)")
-        for b in batches:
-            statics = [(table[s, b], s) for s in policies if s == "off" or s.startswith("static")]
-            bare = [(table[s, b], s) for s in policies if s.startswith(BARE)]
-            line = [f"batch {b:3d}:"]
-            if "off" in policies:
-                line[0] += f" vs off {table['dspark', b] / table['off', b]:.2f}x"
-            if statics:
-                best_static = max(statics)
-                paired = np.median(np.array(runs["dspark", b]) / np.array(runs[best_static[1], b]))
-                line.append(f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.3f}x "
-                            f"(paired: median of the rounds' own ratios {paired:.3f}x)")
-            if "vllm-adaptive" in policies:
-                line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
-            if bare:
-                best_bare = max(bare)
-                paired_bare = np.median(np.array(runs["dspark", b]) / np.array(runs[best_bare[1], b]))
-                line.append(f"vs the best static with no controller ({best_bare[1]}) "
-                            f"{table['dspark', b] / best_bare[0]:.3f}x (paired {paired_bare:.3f}x)")
-            print("  " + ", ".join(line).replace(":,", ":"))
-        print("\ncalibration after warm-up (dspark runs, pooled over rounds; 'floor': the ECE a perfectly "
-              "calibrated model shows on as many predictions): " + ", ".join(
-                  f"batch {b}: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)" if n
-                  else f"batch {b}: no verified positions (dspark drafted nothing)"
-                  for b, (e, br, n, f) in zip(batches, cal)))
-        e, br, n, f = pooled_calibration(all_models)
-        print(f"calibration pooled over every batch size: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} "
-              f"({n} verified positions); uncalibrated (running product of the draft's top-1): ECE "
-              f"{pooled_calibration(all_models, raw=True)[0]:.4f}")
-        if full_models:
-            e, br, n, f = pooled_calibration(full_models)
-            print(f"the same model on static:k={K}'s steps (every drafted position verified, none chosen by the "
-                  f"policy), pooled: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)")
-        print("cost model vs measured (dspark runs, median abs error of each step's prediction; 'bias': "
-              "median signed error, > 0 overpriced; 'jitter': the same-shape steps of off against their "
-              "neighbours, the floor a perfect model would show; 'on off': the same kind of model's whole-step "
-              "error on off's steps, whose shape never changes): " + ", ".join(
-                  f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%}, jitter {j:.1%}, on off {o:.1%})"
-                  for b, (t, s, bi, j, o) in zip(batches, errs)))
-        if solo:
-            print("the same, dspark serving alone (one engine, as deployed; in the rounds above each step follows "
-                  "the other policies' engines' steps): " + ", ".join(
-                      f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%})"
-                      for b, (t, s, bi) in zip(batches, solo)))
+        for line in notes:
+            print(("  " if line.startswith("batch") else "") + line)
+    data = {"tables": tables, "notes": notes, "tok_s_rounds": {f"{s} @ {b}": v for (s, b), v in runs.items()},
+            "controller_ms_rounds": {f"{s} @ {b}": v for (s, b), v in ctl_ms.items()}}
+    print(f"wrote {write_result(args.out, 'bench_live', data, meta)}", file=sys.stderr)
 
+
+def summary_lines(args, policies: list[str], batches: list[int], runs: dict, table: dict, cal: list,
+                  all_models: list, full_models: list, errs: list, solo: list) -> list[str]:
+    """The printed ratios, calibration and cost-model lines (dspark against the others), one per item."""
+    out = []
+    for b in batches:
+        statics = [(table[s, b], s) for s in policies if s == "off" or s.startswith("static")]
+        bare = [(table[s, b], s) for s in policies if s.startswith(BARE)]
+        line = [f"batch {b:3d}:"]
+        if "off" in policies:
+            line[0] += f" vs off {table['dspark', b] / table['off', b]:.2f}x"
+        if statics:
+            best_static = max(statics)
+            paired = np.median(np.array(runs["dspark", b]) / np.array(runs[best_static[1], b]))
+            line.append(f"vs best of off/static ({best_static[1]}) {table['dspark', b] / best_static[0]:.3f}x "
+                        f"(paired: median of the rounds' own ratios {paired:.3f}x)")
+        if "vllm-adaptive" in policies:
+            line.append(f"vs vllm-adaptive {table['dspark', b] / table['vllm-adaptive', b]:.2f}x")
+        if bare:
+            best_bare = max(bare)
+            paired_bare = np.median(np.array(runs["dspark", b]) / np.array(runs[best_bare[1], b]))
+            line.append(f"vs the best static with no controller ({best_bare[1]}) "
+                        f"{table['dspark', b] / best_bare[0]:.3f}x (paired {paired_bare:.3f}x)")
+        out.append(", ".join(line).replace(":,", ":"))
+    out.append("\ncalibration after warm-up (dspark runs, pooled over rounds; 'floor': the ECE a perfectly "
+               "calibrated model shows on as many predictions): " + ", ".join(
+                   f"batch {b}: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)" if n
+                   else f"batch {b}: no verified positions (dspark drafted nothing)"
+                   for b, (e, br, n, f) in zip(batches, cal)))
+    e, br, n, f = pooled_calibration(all_models)
+    out.append(f"calibration pooled over every batch size: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} "
+               f"({n} verified positions); uncalibrated (running product of the draft's top-1): ECE "
+               f"{pooled_calibration(all_models, raw=True)[0]:.4f}")
+    if full_models:
+        e, br, n, f = pooled_calibration(full_models)
+        out.append(f"the same model on static:k={K}'s steps (every drafted position verified, none chosen by the "
+                   f"policy), pooled: ECE {e:.4f} (floor {f:.4f}) Brier {br:.4f} ({n} verified positions)")
+    out.append("cost model vs measured (dspark runs, median abs error of each step's prediction; 'bias': "
+               "median signed error, > 0 overpriced; 'jitter': the same-shape steps of off against their "
+               "neighbours, the floor a perfect model would show; 'on off': the same kind of model's whole-step "
+               "error on off's steps, whose shape never changes): " + ", ".join(
+                   f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%}, jitter {j:.1%}, on off {o:.1%})"
+                   for b, (t, s, bi, j, o) in zip(batches, errs)))
+    if solo:
+        out.append("the same, dspark serving alone (one engine, as deployed; in the rounds above each step follows "
+                   "the other policies' engines' steps): " + ", ".join(
+                       f"batch {b}: target pass {t:.1%}, whole step {s:.1%} (bias {bi:+.1%})"
+                       for b, (t, s, bi) in zip(batches, solo)))
+    return out
 
 if __name__ == "__main__":
     main()

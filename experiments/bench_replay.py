@@ -11,10 +11,12 @@ acceptance model's learning and the policy's own decisions, not only the simulat
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from specdepth.experiments.cmd_synth import synth_traces
 from specdepth.experiments.replay import replay
+from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
 POLICIES = ("off", "static:k=3", "vllm-disable:k=3,threshold=32", "hf-confidence", "specdec++", "turbospec",
             "vllm-adaptive", "dspark", "oracle")
@@ -30,9 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost", default="h200")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (0: 2 x concurrency)")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per synthetic request")
+    ap.add_argument("--out", default=str(default_out("bench_replay")), help="stamped JSON result (results_io)")
     args = ap.parse_args(argv)
+    meta = stamp(None if argv is None else ["python", "-m", "specdepth.experiments.bench_replay", *argv])
     traces = synth_traces(requests=128, tokens=args.tokens, seed=0, alpha=0.8, k_max=8)
-    total_steps, total_s = 0, 0.0
+    total_steps, total_s, rows = 0, 0.0, []
     print(f"{'policy':32s} {'C':>5s} {'seq-steps':>10s} {'wall s':>7s} {'M/min':>7s}")
     for c in args.concurrency:
         for spec in args.policies:
@@ -42,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
             n = res.metrics["seq_steps"]
             total_steps, total_s = total_steps + n, total_s + dt
             print(f"{spec:32s} {c:5d} {n:10d} {dt:7.2f} {n / dt * 60 / 1e6:7.2f}")
-    print(f"overall: {total_steps} simulated sequence-steps in {total_s:.1f} s = "
-          f"{total_steps / total_s * 60 / 1e6:.2f}M sequence-steps per minute")
+            rows.append([spec, c, n, dt, n / dt * 60 / 1e6])
+    overall = (f"overall: {total_steps} simulated sequence-steps in {total_s:.1f} s = "
+               f"{total_steps / total_s * 60 / 1e6:.2f}M sequence-steps per minute")
+    print(overall)
+    data = {"tables": [table(f"replay speed, cost {args.cost}, {args.tokens} tokens per request",
+                             ["policy", "C", "seq-steps", "wall s", "M/min"], rows, ["s", "d", "d", ".2f", ".2f"])],
+            "notes": [overall]}
+    print(f"wrote {write_result(args.out, 'bench_replay', data, meta)}", file=sys.stderr)
     return 0
 
 
