@@ -39,7 +39,7 @@ columns the cached answer rests on are the ones shown now, so every answer equal
 instance's. The step times are priced once per step: the cost model (the same object) is assumed
 not to change within a step (the controller refines it in `observe`).
 
-The loops run compiled (policies/kernels.py): `plan_kernel` is `plan_budgets` and `VerifyColumns`
+The loops run compiled (policies/kernels.py, policies/verify_columns.py): `plan_kernel` is `plan_budgets` and `VerifyColumns`
 is `allocate` column by column, answer for answer (tests/policies/test_kernels.py); in numpy the
 same decisions took 230-570 us a step at B = 256, mostly per-call overhead.
 """
@@ -55,7 +55,8 @@ import numpy as np
 
 from specdepth.policies.allocation import unit
 from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
-from specdepth.policies.kernels import VerifyColumns, keep_kernel, plan_kernel, raised
+from specdepth.policies.kernels import keep_kernel, plan_kernel, raised
+from specdepth.policies.verify_columns import VerifyColumns
 
 ASK_PROBE = 16  # a step that would not ask still asks once in this many (see `DSpark._asking`)...
 ASK_PROBE_MAX = 64  # ...or as rarely as this, where the loss it measures is large:

@@ -1,14 +1,13 @@
-"""Compiled loops for dspark's per-step hot path (numba).
+"""Compiled loops for dspark's per-step decisions (numba): the plan, keep-drafting, and the
+sorted-slot helpers they share with the causal verify answers (policies/verify_columns.py).
 
-dspark decides every step: a plan, a keep-drafting test after each draft pass, and a verify answer
-for each drafted position. In numpy each is a few dozen small array calls at ~0.5-1 us apiece on a
-CPU core, so a step's decisions took 230-570 us at B = 256 (bench_controller), several times the
-arithmetic. These kernels do the same arithmetic as plain loops, one compiled call per decision.
+In numpy each decision is a few dozen small array calls, mostly per-call overhead; here each is
+one compiled call doing the same arithmetic as plain loops.
 
-Exactness: `plan_kernel` and `VerifyColumns` give the numpy reference's answers bit for bit
-(policies/allocation.py `plan_budgets`, `allocate`, `ColumnAllocator`; tests/policies/test_kernels.py
-compares them on random cases). Survivals are the same float products, slots the same int64
-fixed point (s * 2^32, exact integer sums), and Theta the same IEEE divisions in the same order.
+Exactness: `plan_kernel` gives the numpy reference's answers bit for bit
+(policies/kernels_reference.py `plan_budgets`; tests/policies/test_kernels.py compares them on
+random cases). Survivals are the same float products, slots the same int64 fixed point
+(s * 2^32, exact integer sums), and Theta the same IEEE divisions in the same order.
 `keep_kernel` *is* dspark's keep-drafting rule (no numpy twin to match).
 
 Everything here is pure arithmetic on arrays passed in: no state, clock or RNG.
@@ -16,21 +15,15 @@ Everything here is pure arithmetic on arrays passed in: no state, clock or RNG.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from numba import njit
 
 ONE = 1 << 32  # fixed point, as policies.allocation.ONE
-_ONE_F = float(ONE)
-# VerifyColumns.state: columns pushed, frozen at (0: not), first refused slot, answer valid, slots in the
-# pool, columns merged into it, which of the two pools is current, started
-_J, _FROZEN, _REFUSED, _VALID, _M, _MERGED, _CUR, _STARTED = range(8)
-_SLOTS = 8
+ONE_F = float(ONE)
 
 
 @njit(cache=True)
-def _unit(x: float) -> float:
+def clip_unit(x: float) -> float:
     """x clipped to [0, 1], NaN read as 0 (np.fmin(np.fmax(x, 0), 1))."""
     if x > 0.0:
         return x if x < 1.0 else 1.0
@@ -38,16 +31,16 @@ def _unit(x: float) -> float:
 
 
 @njit(cache=True)
-def _merge_desc(pool: np.ndarray, m: int, col: np.ndarray, out: np.ndarray) -> int:
+def merge_desc(pool: np.ndarray, m: int, col: np.ndarray, out: np.ndarray) -> int:
     """Merge col's positive values into pool[:m] (descending) -> out; returns the new length."""
     srt = np.empty(col.size, col.dtype)
     return _merge_two(pool, m, srt, _desc(col, srt), out)
 
 
 @njit(cache=True)
-def _first_stop(pool: np.ndarray, m: int, n: int, times: np.ndarray, extra: float, margin: float,
-                flat: int) -> tuple[int, float]:
-    """allocation.first_stop over the descending pool[:m]: (k admitted, Theta_k * ONE).
+def first_stop_desc(pool: np.ndarray, m: int, n: int, times: np.ndarray, extra: float, margin: float,
+                    flat: int) -> tuple[int, float]:
+    """kernels_reference.first_stop over the descending pool[:m]: (k admitted, Theta_k * ONE).
 
     `flat`: times[0] == ... == times[flat] (see `_flat`). With no margin no stop comes before it:
     there each slot raises tau (by >= 1, exactly) and not the time, so the scan starts there."""
@@ -68,7 +61,7 @@ def _first_stop(pool: np.ndarray, m: int, n: int, times: np.ndarray, extra: floa
 
 @njit(cache=True)
 def _flat(times: np.ndarray) -> int:
-    """F with times[0] == times[1] == ... == times[F] (allocation.free_slots)."""
+    """F with times[0] == times[1] == ... == times[F] (kernels_reference.free_slots)."""
     f = 0
     while f + 1 < times.size and times[f + 1] == times[0]:
         f += 1
@@ -76,8 +69,8 @@ def _flat(times: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def _lengths_at(q: np.ndarray, depth: int, k: int, vstar: int, out: np.ndarray) -> None:
-    """allocation.lengths_at: per-sequence counts of the k best slots of q[:depth], ties in (j, r) order."""
+def lengths_into(q: np.ndarray, depth: int, k: int, vstar: int, out: np.ndarray) -> None:
+    """allocation.lengths_at into `out`: per-sequence counts of the k best slots of q[:depth], ties in (j, r) order."""
     n = q.shape[1]
     out[:] = 0
     if k == 0:
@@ -182,7 +175,7 @@ def _tail_min(times: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, margin: float,
                 ceiling: int = 0, first: float = 0.0) -> tuple[np.ndarray, int]:
-    """allocation.plan_budgets(cumprod(unit(prior_conf))) with `times` = target time by slot count.
+    """kernels_reference.plan_budgets(cumprod(unit(prior_conf))) with `times` = target time by slot count.
 
     Args:
         prior_conf: (B, K) predicted per-position acceptance.
@@ -207,8 +200,8 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
     for r in range(n):
         s = 1.0
         for j in range(depth):
-            s = _unit(prior_conf[r, j]) * s if j else _unit(prior_conf[r, 0])
-            v = np.int64(s * _ONE_F)
+            s = clip_unit(prior_conf[r, j]) * s if j else clip_unit(prior_conf[r, 0])
+            v = np.int64(s * ONE_F)
             q[j, r] = v
             col_pos[j] += v > 0
             col_sum[j] += v
@@ -238,11 +231,11 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
             if tail.size == 0:
                 tail = _tail_min(times)
             if _cannot_win(pool, m, srt[d - 1], col_pos[d - 1], depth - d + 1, n, total, times, tail, extra,
-                           best_theta * _ONE_F):
+                           best_theta * ONE_F):
                 break
         slots += col_pos[d - 1]
         tau += col_sum[d - 1]
-        if slots <= flat:  # every slot admitted (see _first_stop); no order needed
+        if slots <= flat:  # every slot admitted (see first_stop_desc); no order needed
             k, theta = slots, tau / (times[slots] + extra)
         else:
             while done < d:
@@ -251,12 +244,12 @@ def plan_kernel(prior_conf: np.ndarray, times: np.ndarray, pass_time: float, mar
             while merged < d:
                 m = _merge_two(pool, m, srt[merged], col_pos[merged], spare)
                 pool, spare, merged = spare, pool, merged + 1
-            k, theta = _first_stop(pool, m, n, times, extra, margin, flat)
+            k, theta = first_stop_desc(pool, m, n, times, extra, margin, flat)
         refused = k < slots
-        if theta / _ONE_F > best_theta:
-            best_theta, best_d, best_k = theta / _ONE_F, d, k
+        if theta / ONE_F > best_theta:
+            best_theta, best_d, best_k = theta / ONE_F, d, k
             best_v = pool[k - 1] if refused else 1  # 1: the smallest positive slot there can be
-    _lengths_at(q, best_d, best_k, best_v, budgets)
+    lengths_into(q, best_d, best_k, best_v, budgets)
     if ceiling > 0 and best_k > 0:
         return raised(budgets, ceiling), ceiling
     return budgets, budgets.max()
@@ -315,14 +308,14 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
     for r in range(n):
         s = 1.0
         for i in range(j):
-            s = s * _unit(conf[r, i])
+            s = s * clip_unit(conf[r, i])
             tau_now += s
         n_now += drafted[r]
         if drafted[r] == j:
-            last, p, g = streak * _unit(conf[r, j - 1]), s, 0.0
+            last, p, g = streak * clip_unit(conf[r, j - 1]), s, 0.0
             for h in range(horizon):
                 if j + h < budgets[r]:
-                    p = p * ((1.0 - streak) * _unit(prior[r, j + h]) + last)
+                    p = p * ((1.0 - streak) * clip_unit(prior[r, j + h]) + last)
                     g += p
                 worth[r, h] = g
             any_drafting = any_drafting or worth[r, 0] > 0.0
@@ -359,163 +352,3 @@ def keep_kernel(conf: np.ndarray, drafted: np.ndarray, budgets: np.ndarray, prio
             kept += keep[r]
         return keep, best_theta / theta_now - 1.0, kept
     return keep, 0.0, 0
-
-
-@njit(cache=True)
-def _same(a: float, b: float) -> bool:
-    return a == b or (a != a and b != b)  # NaN matches NaN
-
-
-@njit(cache=True)
-def _verify_call(conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray, state: np.ndarray,
-                 surv: np.ndarray, q: np.ndarray, raw: np.ndarray, shown: np.ndarray, contexts: np.ndarray,
-                 positive: np.ndarray, pools: np.ndarray, lengths: np.ndarray, times: np.ndarray,
-                 extra: float, margin: float) -> int:
-    """One causal verify call with columns 1..j = conf.shape[1] (see VerifyColumns.answer).
-
-    Returns 0 (lengths written), 1 (the columns shown are not those the state rests on: start
-    afresh) or 2 (more slots than `times` prices: price more and call again; nothing changed)."""
-    n, j = conf.shape
-    seen = state[_FROZEN] or state[_J]  # columns the current answer rests on
-    if state[_STARTED]:  # the same step, unless what was shown before differs now
-        if seen > j or (not state[_FROZEN] and j > state[_J] + 1):
-            return 1
-        for r in range(n):
-            if context_lens[r] != contexts[r] or min(drafted[r], seen) != shown[r]:
-                return 1
-            for i in range(seen):
-                if not _same(conf[r, i], raw[i, r]):
-                    return 1
-    else:  # the step's first call: what it reads, it writes first
-        contexts[:] = context_lens
-        surv[:] = 1.0
-        positive[:] = 0
-        shown[:] = 0
-        state[_STARTED] = 1
-    if not state[_FROZEN] and state[_J] < j and (positive.sum() + n * (j - state[_J])) >= times.size:
-        return 2
-    # push positions state[_J] + 1 .. j (ColumnAllocator.push)
-    while state[_J] < j and not state[_FROZEN]:
-        i = state[_J]
-        top = 0
-        for r in range(n):
-            raw[i, r] = conf[r, i]
-            c = _unit(conf[r, i]) if drafted[r] > i else 0.0
-            surv[r] = surv[r] * c
-            v = np.int64(surv[r] * _ONE_F)
-            q[i, r] = v
-            top = max(top, v)
-        state[_J] = i + 1
-        if state[_REFUSED] and state[_VALID] and top < state[_REFUSED]:
-            state[_FROZEN] = i + 1  # final: every later slot sorts after one already refused
-            break
-        for r in range(n):
-            positive[r] += q[i, r] > 0
-        state[_VALID] = 0
-    seen = state[_FROZEN] or state[_J]
-    for r in range(n):
-        shown[r] = min(drafted[r], seen)
-    if state[_VALID]:
-        return 0
-    # the answer over the columns pushed (ColumnAllocator.lengths)
-    state[_VALID] = 1
-    slots = positive.sum()
-    flat = 0  # times[0] == ... == times[flat], counted as far as `slots` (see _first_stop)
-    if not margin:
-        while flat < slots and times[flat + 1] + extra == times[0] + extra:
-            flat += 1
-        if flat == slots:  # all admitted
-            lengths[:] = positive
-            return 0
-    m = state[_M]
-    while state[_MERGED] < state[_J]:
-        cur = state[_CUR]
-        m = _merge_desc(pools[cur], m, q[state[_MERGED]], pools[1 - cur])
-        state[_CUR] = 1 - cur
-        state[_MERGED] += 1
-    state[_M] = m
-    pool = pools[state[_CUR]]
-    k, _ = _first_stop(pool, m, n, times, extra, margin, flat)
-    state[_REFUSED] = pool[k] if k < m else 0
-    _lengths_at(q, state[_J], k, pool[k - 1] if k else 0, lengths)
-    return 0
-
-
-class VerifyColumns:
-    """One step's causal verify answers: policies.allocation.ColumnAllocator, compiled, with the
-    check that each call continues the step's earlier ones. Same answers as `allocate` over the
-    columns shown (tests/policies/test_kernels.py).
-
-    Args:
-        n_seq: B.
-        times: (S+1,) seconds of the step with k = 0..S slots admitted, less `extra`.
-        margin: as in `allocate`.
-        step_time: seconds with k slots for an int array k, less `extra`, to price past S (None: S
-            is enough).
-        extra: seconds every step pays on top (the step's sunk draft passes): the step with k
-            slots takes times[k] + extra, added where it is read (the same float as adding it to
-            every entry first, without building that array every step).
-    """
-
-    def __init__(self, n_seq: int, times: np.ndarray, margin: float = 0.0,
-                 step_time: Callable[[np.ndarray], np.ndarray] | None = None, extra: float = 0.0) -> None:
-        self.n_seq, self.margin, self.extra = n_seq, float(margin), float(extra)
-        self.times = np.asarray(times, np.float64)  # (S+1,) step time with k = 0..S slots, less `extra`
-        self.step_time = step_time  # prices more slots when a step has more than S
-        self.state = np.zeros(_SLOTS, np.int64)
-        self._surv = np.ones(n_seq)  # (B,) survival of the last column pushed
-        self._q = np.zeros((8, n_seq), np.int64)  # (J, B) fixed-point survivals; grows
-        self._raw = np.zeros((8, n_seq))  # (J, B) the confidences shown, as shown
-        self._shown = np.zeros(n_seq, np.int64)  # (B,) min(drafted, columns the answer rests on)
-        self._contexts = np.zeros(n_seq, np.int64)  # (B,) context lengths shown
-        self._positive = np.zeros(n_seq, np.int64)  # (B,) positive slots pushed, per sequence
-        self._pools = np.empty((2, 8 * n_seq), np.int64)  # the sorted slots (descending) and a spare
-        self._lengths = np.zeros(n_seq, np.int64)
-
-    def reset(self, times: np.ndarray, step_time: Callable[[np.ndarray], np.ndarray] | None = None,
-              extra: float = 0.0) -> None:
-        """Start a new step with the same B, keeping the buffers (what a step reads, it writes first)."""
-        self.times, self.step_time, self.extra = np.asarray(times, np.float64), step_time, float(extra)
-        self.state[:] = 0  # not started: the first call sets what it reads (`_verify_call`)
-
-    @property
-    def j(self) -> int:
-        return int(self.state[_J])
-
-    @property
-    def frozen(self) -> int:
-        return int(self.state[_FROZEN])
-
-    def _grow(self, depth: int) -> None:
-        old = self._q.shape[0]
-        new = max(depth, 2 * old)
-        self._q = np.concatenate((self._q, np.zeros((new - old, self.n_seq), np.int64)))
-        self._raw = np.concatenate((self._raw, np.zeros((new - old, self.n_seq))))
-        pools = np.empty((2, new * self.n_seq), np.int64)
-        pools[:, : self._pools.shape[1]] = self._pools
-        self._pools = pools
-
-    def answer(self, conf: np.ndarray, drafted: np.ndarray, context_lens: np.ndarray) -> np.ndarray | None:
-        """Verify lengths over columns 1..j of `conf` (B, j): raw confidences, clipped to [0, 1]
-        here, 0 where `drafted` <= the position's index. None if the columns shown differ from
-        those the earlier calls rest on (the caller starts a fresh instance).
-
-        Returns:
-            (B,) int64 verify lengths (shared with later calls: copy before modifying).
-        """
-        if conf.shape[1] > self._q.shape[0]:
-            self._grow(conf.shape[1])
-        while True:
-            if not self.state[_VALID]:
-                self._lengths = np.empty(self.n_seq, np.int64)  # an answer handed out stays as it was
-            status = _verify_call(conf, drafted, context_lens, self.state, self._surv, self._q, self._raw,
-                                  self._shown, self._contexts, self._positive, self._pools, self._lengths,
-                                  self.times, self.extra, self.margin)
-            if status == 0:
-                return self._lengths
-            if status == 1:
-                return None
-            if self.step_time is None:
-                raise ValueError(f"VerifyColumns: more slots than the {self.times.size - 1} priced")
-            size = max(int(self._positive.sum()) + self.n_seq * conf.shape[1] + 1, 2 * self.times.size)
-            self.times = np.asarray(self.step_time(np.arange(size)), np.float64)

@@ -1,4 +1,5 @@
-"""specdepth.policies.allocation: DSpark's sorted early-stop allocation, on hand-built and random batches.
+"""DSpark's sorted early-stop allocation (policies/allocation.py, and its numpy reference
+policies/kernels_reference.py), on hand-built and random batches.
 
 References here are written the slow, obvious way (a Python loop over slots sorted by (-s, j, r))
 so the vectorised fixed-point implementation is checked against the rule as DESIGN.md states it.
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from specdepth.policies.allocation import ColumnAllocator, allocate, free_slots, plan_budgets, top_k_lengths
+from specdepth.policies.allocation import top_k_lengths
+from specdepth.policies.kernels_reference import ColumnAllocator, allocate, free_slots, plan_budgets
 from specdepth.policies.testing import LinearCost
 
 
@@ -319,7 +321,7 @@ def test_plan_matches_the_reference(cost) -> None:
 
 
 def test_tau_upper_is_exact_on_its_head_and_a_bound_beyond() -> None:
-    from specdepth.policies.allocation import ONE, _tau_upper
+    from specdepth.policies.kernels_reference import ONE, _tau_upper
     rng = np.random.default_rng(5)
     for b, k, head in ((3, 4, 128), (256, 8, 128), (64, 8, 16)):
         q_t = (np.cumprod(rng.uniform(0.3, 1.0, (b, k)), axis=1).T * ONE).astype(np.int64)  # (K, B)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdepth.policies.allocation import allocate, plan_budgets
+from specdepth.policies.kernels_reference import allocate, plan_budgets
 from specdepth.policies.base import VerifyContext
 from specdepth.policies.dspark import ASK_EVIDENCE, ASK_PROBE, ASK_PROBE_MAX, ASK_SPEND, DSpark
 

@@ -1,6 +1,7 @@
-"""specdepth.policies.kernels: the compiled loops give the numpy reference's answers, exactly.
+"""The compiled loops (policies/kernels.py, policies/verify_columns.py) give the numpy reference's
+answers, exactly.
 
-`plan_kernel` against `allocation.plan_budgets` and `VerifyColumns` against `ColumnAllocator` (both
+`plan_kernel` against `kernels_reference.plan_budgets` and `VerifyColumns` against `ColumnAllocator` (both
 checked against the rule as written in test_allocation.py), on random batches over costs with a
 knee, flat costs, steep ones, non-monotone tables, margins, ties, NaN and out-of-range inputs.
 """
@@ -10,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdepth.policies.allocation import ColumnAllocator, plan_budgets
-from specdepth.policies.kernels import VerifyColumns, keep_kernel, plan_kernel
+from specdepth.policies.kernels import keep_kernel, plan_kernel
+from specdepth.policies.kernels_reference import ColumnAllocator, plan_budgets
+from specdepth.policies.verify_columns import VerifyColumns
 from tests.policies.test_allocation import COSTS, Knee, Table
 
 
