@@ -67,11 +67,10 @@ class PlanContext:
     def prior_conf(self) -> np.ndarray:
         """(B, K) float: predicted acceptance of position j given j - 1 accepted, from history.
 
-        The controller computes it on the first read (its share of a step was ~55 us at batch 4
-        on the bundled CPU pair, and only some policies read it: dspark's plan does, a static
-        depth does not). Read it during the step's `plan` (or keep what you read): the
-        controller learns from the step afterwards, and a first read after that raises, rather
-        than answer with the next step's statistics."""
+        The controller computes it on the first read, since only some policies read it (dspark's
+        plan does, a static depth does not). Read it during the step's `plan` (or keep what you
+        read): the controller learns from the step afterwards, and a first read after that
+        raises, rather than answer with the next step's statistics."""
         return self.priors() if callable(self.priors) else self.priors
 
     @property
