@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
 from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
+from specdepth.workers.runner import StepResult
 
 log = logging.getLogger("specdepth.controller")
 
@@ -39,6 +41,35 @@ class Priors:
 
     def __reduce__(self):
         return (np.array, (self(),)) if self.open else (Priors, (None, self.seq_ids, self.K))
+
+
+@dataclass
+class StepRecord:
+    """One step, as the controller learns from it: the runner's result and the loop's view of it."""
+
+    step: int
+    seq_ids: np.ndarray  # (B,) int64, the result's rows in order
+    context_lens: np.ndarray  # (B,) int64 committed tokens before the step
+    budgets: np.ndarray  # (B,) int64 draft budgets L_r planned
+    result: StepResult  # drafted, verified, accepted, features and the passes' times
+    finished: np.ndarray  # (F,) int64 sequence ids that left after the step
+    overhead_s: Optional[float] = None  # the last complete step's time outside the model passes
+    overhead_passes: int = 0  # that step's draft passes
+    conf: Optional[np.ndarray] = None  # (B, J) confidences the policy was shown, where computed elsewhere
+    verify_s: Optional[float] = None  # seconds of the causal verify calls (None: as this controller timed them)
+
+
+@dataclass
+class _StepState:
+    """What the controller holds about the step in progress; replaced when the next step begins."""
+
+    step: int
+    view: tuple[int, Any] = (-1, None)  # (batch size, the cost model as the step's policy calls see it)
+    asks_verify: Optional[bool] = None  # `policy.verifies(step)`, asked once
+    verify_s: float = 0.0  # seconds of the causal verify calls, with `time_verify`
+    keep_conf: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # (B, j) last keep_drafting's
+    shown_conf: Optional[np.ndarray] = None  # (B, J) the confidences verify computed
+    priors: Optional[Priors] = None  # the planning priors `plan` offered
 
 
 class Controller:
@@ -69,20 +100,27 @@ class Controller:
         self.track_s = 0.0  # seconds spent filling cost_track (an engine leaves them out of its timing)
         self.fallbacks: Counter[str] = Counter()
         self._causal = policy.overrides("verify")
-        self._view: tuple[int, int, Any] = (-1, -1, None)  # (step, batch size, the cost policies see)
-        self._asks_verify = (-1, True)  # (step, whether its `verify` is asked: `policy.verifies`)
-        self._verify_s = (-1, 0.0)  # (step, seconds of its causal verify calls), with `time_verify`
-        self._priors = Priors(None, np.zeros(0, np.int64), max_depth)  # the planning priors of the last `plan`
-        self._keep_conf = (-1, np.zeros((0, 0)))  # (step, its last keep_drafting confidences)
-        self._last_conf, self._last_conf_step = np.zeros((0, 0)), -1  # the confidences verify computed, its step
+        self._now = _StepState(-1)
+
+    def _state(self, step: int) -> _StepState:
+        """The state of `step`, fresh when it is a new step (the last step's priors then close)."""
+        if self._now.step != step:
+            self._close_priors()
+            self._now = _StepState(step)
+        return self._now
+
+    def _close_priors(self) -> None:
+        if self._now.priors is not None:
+            self._now.priors.open = False  # unread, they are gone once the step is learned from
 
     def step_cost(self, step: int, batch_size: int) -> Any:
         """The cost model as this step's policy calls see it: bound to the step's batch size when
         the model prices step shapes (`CostModel.at_batch`), the same object for every call of a step."""
-        if self._view[:2] != (step, batch_size):
+        st = self._state(step)
+        if st.view[0] != batch_size:
             at = getattr(self.cost, "at_batch", None)
-            self._view = (step, batch_size, at(batch_size) if at else self.cost)
-        return self._view[2]
+            st.view = (batch_size, at(batch_size) if at else self.cost)
+        return st.view[1]
 
     # ---- safety rails -----------------------------------------------------------------------
     def _fault(self, kind: str, detail: str) -> None:
@@ -124,9 +162,10 @@ class Controller:
     # ---- the step -----------------------------------------------------------------------------
     def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
         B = len(seq_ids)
-        self._priors.open = False  # the last step's, if a policy kept it unread (see `Priors`)
-        self._priors = Priors(self.acceptance, seq_ids, self.max_depth)
-        ctx = PlanContext(step, seq_ids, context_lens, self.max_depth, self._priors, self.step_cost(step, B),
+        self._close_priors()
+        st = self._now = _StepState(step)  # a plan opens its step
+        st.priors = Priors(self.acceptance, seq_ids, self.max_depth)
+        ctx = PlanContext(step, seq_ids, context_lens, self.max_depth, st.priors, self.step_cost(step, B),
                           cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
         off = np.zeros(B, np.int64)
         val, ok = self._call("plan", self.policy.plan, ctx)
@@ -138,15 +177,16 @@ class Controller:
         """`policy.verifies(step)`, asked once a step: right after `plan`, or where the plan was
         made elsewhere (a replica, whose policy comes from the controller after its plan), at the
         step's verify. A fault counts and asks `verify`."""
-        if self._asks_verify[0] != step:
+        st = self._state(step)
+        if st.asks_verify is None:
             asks, fine = self._call("verifies", self.policy.verifies, step)
-            self._asks_verify = (step, bool(asks) if fine else True)
-        return self._asks_verify[1]
+            st.asks_verify = bool(asks) if fine else True
+        return st.asks_verify
 
     def verify_seconds(self, step: int) -> float:
         """Seconds of `step`'s causal verify calls, as timed with `time_verify` (0: not timed, or
         `verify` not asked)."""
-        return self._verify_s[1] if self._verify_s[0] == step else 0.0
+        return self._now.verify_s if self._now.step == step else 0.0
 
     def keep_fn(self, step: int, seq_ids: np.ndarray, budgets: np.ndarray):
         """The callback asked after each draft pass (None: every sequence drafts to its budget),
@@ -160,7 +200,7 @@ class Controller:
 
         def keep(j: int, top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self._fresh_conf(seq_ids, top1, entropy)  # (B, j)
-            self._keep_conf = (step, conf)  # the step's verify reuses it where drafting ended here
+            self._state(step).keep_conf = conf  # the step's verify reuses it where drafting ended here
             val, ok = self._call("keep_drafting", self.policy.keep_drafting,
                                  DraftContext(step, seq_ids, budgets, drafted, conf, top1, entropy))
             if not ok:
@@ -175,21 +215,22 @@ class Controller:
     def verify_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray):
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self._calibrated(step, seq_ids, top1, entropy)  # (B, J)
-            self._last_conf, self._last_conf_step = conf, step
+            self._state(step).shown_conf = conf
             if not self._causal or not self._verifies(step):
                 return drafted
             t = time.perf_counter()
             d = self._causal_verify(step, seq_ids, context_lens, drafted, conf, top1)
             if self.time_verify:  # none reported where the cost model is not learned (replays stay exact)
-                self._verify_s = (step, time.perf_counter() - t)
+                self._state(step).verify_s = time.perf_counter() - t
             return d
         return verify
 
     def shown_conf(self, step: int, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) the calibrated confidences the policy was shown at `step`: those its verify
         callback computed, or computed now (the model has not learned since)."""
-        if self._last_conf_step == step and self._last_conf.shape == np.shape(top1):
-            return self._last_conf
+        shown = self._now.shown_conf if self._now.step == step else None
+        if shown is not None and shown.shape == np.shape(top1):
+            return shown
         return self._fresh_conf(seq_ids, top1, entropy)
 
     def _fresh_conf(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
@@ -201,8 +242,8 @@ class Controller:
         `keep_drafting` call saw every drafted position (drafting ended after it), its answer, padded:
         a column depends on its own features and the sequence's history only (`calibrate`), and
         neither changed since; saves a calibration, ~50-100 us after a draft pass on the CPU pair."""
-        kept_step, kept = self._keep_conf
-        if kept_step == step and kept.shape[0] == top1.shape[0] and kept.shape[1] <= top1.shape[1] \
+        kept = self._state(step).keep_conf
+        if kept.shape[0] == top1.shape[0] and 0 < kept.shape[1] <= top1.shape[1] \
                 and not top1[:, kept.shape[1]:].any():
             conf = np.zeros(top1.shape)
             conf[:, :kept.shape[1]] = kept * (top1[:, :kept.shape[1]] > 0)
@@ -229,41 +270,38 @@ class Controller:
             d[alive] = j
         return d
 
-    def observe(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray,
-                drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray, top1: np.ndarray,
-                entropy: np.ndarray, draft_s: float, target_s: float, draft_passes: int,
-                finished: np.ndarray, conf: np.ndarray | None = None, overhead_s: float | None = None,
-                overhead_passes: int = 0, keep_s: float = 0.0, first_pass_s: float = 0.0,
-                verify_s: float | None = None) -> None:
-        """Learn from a step. `conf`: the calibrated confidences the policy was shown (default: those
-        this controller computed in the step's verify; a remote replica passes its own).
-        `overhead_s`: a step's time outside the model passes, for the cost model (the engine
-        reports its last complete step's), and `overhead_passes` that step's draft passes.
-        `keep_s`: the seconds the step spent in the `keep_drafting` callback, and `first_pass_s`
-        those of its first draft pass (0: not measured), and `verify_s` those of its causal verify
-        calls (None: as this controller timed them, `verify_seconds`); the policy sees all three."""
+    def observe(self, rec: StepRecord) -> None:
+        """Learn from a step: the acceptance model, the cost model (with `learn_cost`), the policy.
+
+        `rec.conf` defaults to the confidences this controller computed in the step's verify;
+        `rec.overhead_s` is the last complete step's time outside the model passes (for the cost
+        model), `rec.verify_s` that of the causal verify calls (default: as timed here)."""
+        res, seq_ids, context_lens = rec.result, rec.seq_ids, rec.context_lens
+        top1, entropy, verified, accepted = res.top1, res.entropy, res.verified, res.accepted
         own = None  # this step's confidences from this very model (the calibration tally's)
+        conf = rec.conf
         if conf is None:
-            conf = own = self.shown_conf(step, seq_ids, top1, entropy)
+            conf = own = self.shown_conf(rec.step, seq_ids, top1, entropy)
         elif conf.shape != top1.shape:
             conf = self._fresh_conf(seq_ids, top1, entropy)
-        self._priors.open = False  # the step's priors, if unread, are gone once it is learned from
+        self._close_priors()
         self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
-        n_tok, ctx = int((verified + 1).sum()), int(context_lens.sum())
-        if self.cost_track is not None and overhead_s is not None:  # the prediction, then the learning
+        n_tok, ctx, B = int((verified + 1).sum()), int(context_lens.sum()), len(seq_ids)
+        if self.cost_track is not None and rec.overhead_s is not None:  # the prediction, then the learning
             self.cost.ready()  # tables the step's learning rebuilds anyway: timed
             t = time.perf_counter()
             o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
-            self.cost_track.append((float(self.cost.target_time(n_tok, ctx, len(seq_ids))) - o_step,
-                                    draft_passes * (float(self.cost.draft_time(len(seq_ids), ctx)) - o_pass),
-                                    o_step + o_pass * draft_passes, target_s, draft_s, overhead_s))
+            self.cost_track.append((float(self.cost.target_time(n_tok, ctx, B)) - o_step,
+                                    res.draft_passes * (float(self.cost.draft_time(B, ctx)) - o_pass),
+                                    o_step + o_pass * res.draft_passes, res.target_s, res.draft_s, rec.overhead_s))
             self.track_s += time.perf_counter() - t
         if self.learn_cost:
-            self.cost.observe(n_tok, ctx, target_s, len(seq_ids), draft_passes, draft_s, overhead_s,
-                              overhead_passes, batch_size=len(seq_ids))
-        out = StepOutcome(step, seq_ids, budgets, drafted, verified, accepted, top1, conf,
-                          draft_s + target_s, draft_s, target_s, context_lens, finished, keep_s, first_pass_s,
-                          self.verify_seconds(step) if verify_s is None else verify_s)
+            self.cost.observe(n_tok, ctx, res.target_s, B, res.draft_passes, res.draft_s, rec.overhead_s,
+                              rec.overhead_passes, batch_size=B)
+        out = StepOutcome(rec.step, seq_ids, rec.budgets, res.drafted, verified, accepted, top1, conf,
+                          res.draft_s + res.target_s, res.draft_s, res.target_s, context_lens, rec.finished,
+                          res.keep_s, res.first_pass_s,
+                          self.verify_seconds(rec.step) if rec.verify_s is None else rec.verify_s)
         self._call("observe", self.policy.observe, out)
-        if len(finished):
-            self.acceptance.forget(finished)
+        if len(rec.finished):
+            self.acceptance.forget(rec.finished)

@@ -1,9 +1,13 @@
-"""The engine loop: continuous batching around a PairRunner, depths from a Controller.
+"""The step loop: continuous batching around a runner, depths from a Controller.
 
-Requests wait in a queue and take a free slot as others finish. Each step: the controller plans
-draft budgets, the runner drafts, verifies and commits, emitted tokens stream to their requests
-(`on_token`), and finished requests leave. A request that fails (bad input, NaN logits, an
-invalid depth from a plain depth function) ends with an error naming it; the others go on.
+One loop for every way specdepth runs: in process over a `PairRunner`, inside a Ray replica
+(adaptive/replica.py), and in replay over a trace runner (experiments/replay.py); the `Runner`
+protocol is all it needs of them. Requests wait in a queue and take a free slot as others finish.
+Each step: the controller plans draft budgets (capped by what each request may still emit), the
+runner drafts, verifies and commits, emitted tokens stream to their requests (`on_token`), the
+controller learns from the step, and finished requests leave. A request that fails (bad input,
+NaN logits, an invalid depth from a plain depth function) ends with an error naming it; the
+others go on.
 """
 
 from __future__ import annotations
@@ -11,12 +15,33 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from specdepth.adaptive.controller import Controller
-from specdepth.workers.runner import PairRunner
+from specdepth.adaptive.controller import Controller, StepRecord
+from specdepth.workers.drafting import KeepFn
+from specdepth.workers.runner import StepResult, VerifyFn
+
+
+class Runner(Protocol):
+    """What the step loop drives: slots of sequences, stepped together."""
+
+    max_depth: int  # K, the largest draft budget
+    max_len: int  # context limit in tokens
+    vocab_size: int
+    n_slots: int  # sequences held at once
+
+    def add(self, tokens: list[int], key: Any = None) -> int:
+        """Claim a slot for a sequence (prefilled); `key`: the request's `Request.key`."""
+
+    def remove(self, slot: int) -> None: ...
+
+    def context_lens(self, slots: np.ndarray) -> np.ndarray:
+        """(B,) committed tokens of these sequences; called once a step, before the plan."""
+
+    def step(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: Optional[KeepFn],
+             verify_fn: Optional[VerifyFn]) -> StepResult: ...
 
 
 class RequestError(ValueError):
@@ -34,6 +59,7 @@ class Request:
     max_new_tokens: int = 64
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
     on_token: Optional[Callable[[str, list[int]], None]] = None  # streaming callback
+    key: Any = None  # what the runner knows the request by besides its tokens (replay: its trace)
 
 
 @dataclass
@@ -81,6 +107,19 @@ class EngineStats:
     @property
     def acceptance_length(self) -> float:
         return self.emitted / self.seq_steps if self.seq_steps else 0.0
+
+    def add(self, other: "EngineStats") -> None:
+        """Count another loop's steps in these (a replica's round, in the cluster's totals)."""
+        for name in ("steps", "seq_steps", "emitted", "draft_s", "target_s", "control_s", "track_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        K = max(len(self.pos_verified), len(other.pos_verified))
+        for name in ("pos_verified", "pos_accepted"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            total = np.zeros(K, np.int64)
+            total[:len(mine)] += mine
+            total[:len(theirs)] += theirs
+            setattr(self, name, total)
+        self.step_log.extend(other.step_log)
 
 
 def validate_request(req: Request, max_len: int, vocab_size: int) -> None:
@@ -145,43 +184,68 @@ def commit_step(req: Request, out: RequestOutput, emitted: list[int], verified: 
 
 
 class Engine:
-    def __init__(self, runner: PairRunner, depth: Controller | DepthFn, eos_ids: tuple[int, ...] = (),
-                 max_batch: int | None = None) -> None:
+    def __init__(self, runner: Runner, depth: Controller | DepthFn, eos_ids: tuple[int, ...] = (),
+                 max_batch: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """
+        Args:
+            runner: runs the steps (`Runner`).
+            depth: a Controller, or a plain depth function (tests).
+            eos_ids: end-of-sequence ids: a request ends at the first one (unless ignore_eos).
+            max_batch: sequences stepped together (default: the runner's slots).
+            clock: the requests' timestamps (replay: its simulated clock).
+        """
         self.runner = runner
         self.depth = depth
         self.eos_ids = set(eos_ids)
-        self.max_batch = min(max_batch or runner.tcache.n_slots, runner.tcache.n_slots)
-        self.queue: deque[tuple[Request, RequestOutput]] = deque()
+        self.clock = clock
+        self.max_batch = min(max_batch or runner.n_slots, runner.n_slots)
+        self.queue: deque[tuple[Request, RequestOutput, int]] = deque()
         self.running: dict[int, tuple[Request, RequestOutput]] = {}  # slot -> request
         self.step_no = 0
         self._overhead: tuple[float, int] | None = None  # the last step's time outside the passes; its draft passes
         self.seq_no = 0
         self.stats = EngineStats(pos_verified=np.zeros(runner.max_depth, np.int64),
                                  pos_accepted=np.zeros(runner.max_depth, np.int64))
-        self._ids: dict[int, int] = {}  # slot -> numeric sequence id (stable per request)
-        self.finished_ids: list[int] = []
+        self._ids: dict[int, int] = {}  # slot -> sequence id (stable per request)
+        self.finished_ids: list[int] = []  # sequence ids that left in the last step
+        self.last_record: StepRecord | None = None  # the last step the controller learned from
 
     # ---- admission ----------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
         validate_request(req, self.runner.max_len, self.runner.vocab_size)
 
-    def submit(self, req: Request) -> RequestOutput:
-        out = RequestOutput(req.request_id, list(req.prompt_ids), t_submit=time.perf_counter())
+    def submit(self, req: Request, seq_id: int | None = None) -> RequestOutput:
+        """Queue a request; `seq_id` names its sequence (default: the next number)."""
+        out = RequestOutput(req.request_id, list(req.prompt_ids), t_submit=self.clock())
         self.validate(req)
-        self.queue.append((req, out))
+        if seq_id is None:
+            seq_id, self.seq_no = self.seq_no, self.seq_no + 1
+        self.queue.append((req, out, seq_id))
         return out
+
+    def cancel(self, seq_id: int) -> bool:
+        """End a sequence now (finish reason "cancelled"); False if it is not here."""
+        for i, (_, out, sid) in enumerate(self.queue):
+            if sid == seq_id:
+                del self.queue[i]
+                out.finish_reason, out.t_done = "cancelled", self.clock()
+                return True
+        slot = next((s for s, sid in self._ids.items() if sid == seq_id), None)
+        if slot is None:
+            return False
+        self._finish(slot, "cancelled")
+        return True
 
     def _admit(self) -> None:
         while self.queue and len(self.running) < self.max_batch:
-            req, out = self.queue.popleft()
-            slot = self.runner.add(list(req.prompt_ids))
+            req, out, seq_id = self.queue.popleft()
+            slot = self.runner.add(list(req.prompt_ids), req.key)
             self.running[slot] = (req, out)
-            self._ids[slot] = self.seq_no
-            self.seq_no += 1
+            self._ids[slot] = seq_id
 
     def _finish(self, slot: int, reason: str, error: Exception | None = None) -> None:
         req, out = self.running.pop(slot)
-        out.finish_reason, out.error, out.t_done = reason, error, time.perf_counter()
+        out.finish_reason, out.error, out.t_done = reason, error, self.clock()
         self.runner.remove(slot)
         self.finished_ids.append(self._ids.pop(slot))
 
@@ -189,17 +253,20 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.queue or self.running)
 
-    def step(self) -> None:
+    def step(self) -> list[int]:
+        """Admit, then one speculative step over the running sequences. Returns the sequence ids
+        that left (finished, failed or cancelled) since the last step."""
         self._admit()
-        self.finished_ids: list[int] = []
+        finished, self.finished_ids = self.finished_ids, []
         if not self.running:
-            return
+            return finished
+        self.finished_ids = finished  # cancellations between steps leave with this step
         t_step = time.perf_counter()  # the step's wall time, admission (prefill) apart
         slots = np.array(sorted(self.running), dtype=np.int64)
         seq_ids = np.array([self._ids[s] for s in slots], dtype=np.int64)
-        ctx_lens = np.array([len(self.runner.seqs[s]) for s in slots], dtype=np.int64)
-        room = np.array([min(self.running[s][0].max_new_tokens - len(self.running[s][1].output_ids),
-                             self.runner.max_len - len(self.runner.seqs[s])) - 1 for s in slots])
+        ctx_lens = np.asarray(self.runner.context_lens(slots), np.int64)
+        room = np.array([self.running[s][0].max_new_tokens - len(self.running[s][1].output_ids) for s in slots])
+        room = np.minimum(room, self.runner.max_len - ctx_lens) - 1  # tokens a step may still accept
         t_plan = time.perf_counter()
         budgets = self._budgets(slots, seq_ids, ctx_lens)
         t_plan = time.perf_counter() - t_plan
@@ -207,20 +274,19 @@ class Engine:
         live = np.array([s in self.running for s in slots])
         slots, seq_ids, ctx_lens, budgets = slots[live], seq_ids[live], ctx_lens[live], budgets[live]
         if not len(slots):
-            return
+            return self._end_step()
         ctl = self.depth if isinstance(self.depth, Controller) else None
         res = self.runner.step(slots, budgets,
                                ctl.keep_fn(self.step_no, seq_ids, budgets) if ctl else None,
                                ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None)
-        self._commit(res)
+        self._commit(res, ctx_lens)
         t_obs, tracked = time.perf_counter(), 0.0
         if ctl:
             tracked = ctl.track_s
             over_s, over_passes = self._overhead or (None, 0)
-            ctl.observe(self.step_no, seq_ids, ctx_lens, budgets, res.drafted, res.verified, res.accepted,
-                        res.top1, res.entropy, res.draft_s, res.target_s, res.draft_passes,
-                        np.array(self.finished_ids, dtype=np.int64), overhead_s=over_s, overhead_passes=over_passes,
-                        keep_s=res.keep_s, first_pass_s=res.first_pass_s)
+            self.last_record = StepRecord(self.step_no, seq_ids, ctx_lens, budgets, res,
+                                          np.array(self.finished_ids, dtype=np.int64), over_s, over_passes)
+            ctl.observe(self.last_record)
             tracked = ctl.track_s - tracked
         st = self.stats
         st.steps += 1
@@ -234,6 +300,11 @@ class Engine:
         st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
                             len(res.slots), self._overhead[0]))
         self.step_no += 1
+        return self._end_step()
+
+    def _end_step(self) -> list[int]:
+        finished, self.finished_ids = self.finished_ids, []
+        return finished
 
     def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:
         if isinstance(self.depth, Controller):
@@ -250,8 +321,8 @@ class Engine:
                 budgets[r] = int(v)
         return budgets
 
-    def _commit(self, res) -> None:
-        now = time.perf_counter()
+    def _commit(self, res: StepResult, ctx_lens: np.ndarray) -> None:
+        now = self.clock()
         st = self.stats
         for r, s in enumerate(res.slots):
             req, out = self.running[s]
@@ -260,7 +331,7 @@ class Engine:
                 continue
             reason = commit_step(req, out, res.emitted[r], int(res.verified[r]), int(res.accepted[r]), [st],
                                  self.eos_ids, now)
-            if reason is None and len(self.runner.seqs[s]) >= self.runner.max_len:
+            if reason is None and ctx_lens[r] + len(res.emitted[r]) >= self.runner.max_len:
                 reason = "context"
             if reason:
                 self._finish(int(s), reason)
@@ -269,8 +340,8 @@ class Engine:
         """Serve all requests to completion; invalid ones come back with their error set."""
         outs = submit_all(self, requests)
         while self.has_work():
-            before = sum(len(o.output_ids) for o in outs)
+            before = self.stats.emitted
             self.step()
             if progress:
-                progress(sum(len(o.output_ids) for o in outs) - before)
+                progress(self.stats.emitted - before)
         return outs

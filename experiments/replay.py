@@ -1,19 +1,9 @@
 """The replay simulator: any depth policy, on recorded traces, at any load, on any cost model.
 
-What happens is the live engine's step, with the models replaced by the trace (DESIGN.md
-"Traces and exact replay"). Per step, over the running sequences (ordered by slot, as live):
-
-1. `Controller.plan` -> budgets L_r (the real controller: validation, clamping, fallbacks),
-   capped by the tokens each request may still emit (room = remaining - 1), as the engine does;
-2. drafting: the recorded chain at each sequence's position t provides top1/entropy; `keep_fn` is
-   asked after every pass exactly as the runner asks it;
-3. the controller's causal `verify_fn` -> d_r;
-4. outcome: a_r = min(d_r, match), match = the recorded match[t] for greedy traces (exact); for
-   sampling traces each chain position is kept with its recorded probability 1 - TV(p, q) until the
-   first rejection, drawn before the step (seeded; approximate). The oracle is told this match.
-5. time from the cost model, never the wall clock: max drafted length x draft_time(B, ctx) +
-   target_time(N, ctx), ctx = the batch's context tokens; `Controller.observe` (learn_cost=False)
-   teaches the acceptance model from the recorded features and the outcome.
+A replay is the live step loop (`adaptive.engine.Engine`, with the real Controller: validation,
+clamping, fallbacks, causal verify) over a `TraceRunner`, whose steps come from the recorded
+traces and whose times come from the cost model (experiments/trace_runner.py). The controller does
+not refine the cost model here (`learn_cost=False`), so a greedy replay is exact and repeatable.
 
 Load: a closed loop of C clients (a finished request is replaced at once, requests cycle through
 the trace set in order; measured until the first finish that can no longer be replaced, so the
@@ -29,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +28,11 @@ import numpy as np
 from specdepth.adaptive.acceptance import AcceptanceModel
 from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.cost_model import CostModel, parse_cost
+from specdepth.adaptive.engine import Engine, Request, RequestOutput
+from specdepth.experiments.trace_runner import TraceRunner
 from specdepth.experiments.traces import TraceSet
 from specdepth.policies.base import DepthPolicy
 from specdepth.policies.registry import make_policy
-from specdepth.workers.padding import free_verify
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023"
 AZURE_NAMES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
@@ -127,13 +117,13 @@ class _OracleFeed(DepthPolicy):
     """Hands the replay's true match lengths to a policy that asks for them (`needs_oracle_match`)
     in `PlanContext.oracle_match`; everything else goes through the Controller untouched."""
 
-    def __init__(self, inner: DepthPolicy) -> None:
+    def __init__(self, inner: DepthPolicy, runner: TraceRunner) -> None:
         if any(type(inner).overrides(h) for h in ("keep_drafting", "verify")):
             raise ValueError(f"{inner.name}: a policy fed oracle_match may only override plan and observe")
-        self.inner, self.name, self.match = inner, inner.name, None
+        self.inner, self.name, self.runner = inner, inner.name, runner
 
     def plan(self, ctx):
-        return self.inner.plan(dataclasses.replace(ctx, oracle_match=self.match))
+        return self.inner.plan(dataclasses.replace(ctx, oracle_match=self.runner.oracle_match()))
 
     def observe(self, out) -> None:
         self.inner.observe(out)
@@ -142,114 +132,29 @@ class _OracleFeed(DepthPolicy):
         return self.inner.describe()
 
 
-# ---- the simulator -------------------------------------------------------------------------------
 class _Sim:
-    """State of one replay: per-slot arrays (size max_batch) and per-request arrays (size n)."""
+    """One replay: the step loop (`Engine`) over a `TraceRunner`, and the requests it serves."""
 
     def __init__(self, traces: TraceSet, policy: DepthPolicy, cost: CostModel, max_batch: int,
                  k_max: int, seed: int, acceptance: AcceptanceModel | None) -> None:
-        self.tr = traces
-        self.K = k_max
-        self.feed = _OracleFeed(policy) if getattr(policy, "needs_oracle_match", False) else None
-        self.ctl = Controller(self.feed or policy, k_max, cost=cost, acceptance=acceptance, learn_cost=False)
-        self.cost = cost
-        self.rng = np.random.default_rng(seed)
-        self.match, self.top1, self.ent = traces.match, traces.top1[:, :k_max], traces.entropy[:, :k_max]
-        self.accept_prob = None if traces.accept_prob is None else traces.accept_prob[:, :k_max]
-        M = max_batch
-        self.active = np.zeros(M, bool)
-        self.req = np.zeros(M, np.int64)  # request index in each slot
-        self.pos = np.zeros(M, np.int64)  # output position t
-        self.clock = self.busy = 0.0
-        self.steps = self.seq_steps = self.emitted_total = self.step_tokens = self.wasted = 0
+        self.runner = TraceRunner(traces, cost, max_batch, k_max, seed)
+        self.approximate = traces.accept_prob is not None
+        if getattr(policy, "needs_oracle_match", False):
+            policy = _OracleFeed(policy, self.runner)
+        self.ctl = Controller(policy, k_max, cost=cost, acceptance=acceptance, learn_cost=False)
+        self.engine = Engine(self.runner, self.ctl, max_batch=max_batch, clock=self.runner.clock)
+        self.outs: list[RequestOutput] = []
 
     def setup(self, trace_index: np.ndarray, out_len: np.ndarray, context: np.ndarray) -> None:
-        n = len(trace_index)
-        self.r_trace, self.r_len, self.r_ctx = trace_index, out_len, context  # (n,) each
-        self.r_off, self.r_tlen = self.tr.offsets[trace_index], self.tr.lengths[trace_index]
-        self.r_arrive = np.full(n, np.nan)
-        self.r_first, self.r_done = np.full(n, np.nan), np.full(n, np.nan)
-        self.r_steps, self.r_acc, self.r_emit = (np.zeros(n, np.int64) for _ in range(3))
+        self.runner.requests(trace_index, out_len, context)
+        self.r_len = out_len
 
-    def admit(self, queue: deque[int]) -> None:
-        free = np.flatnonzero(~self.active)[: len(queue)]  # lowest free slots
-        if len(free):
-            new = np.array([queue.popleft() for _ in free], np.int64)
-            self.active[free], self.req[free], self.pos[free] = True, new, 0
-
-    def step(self) -> np.ndarray:
-        """One speculative step over the running sequences; returns the requests that finished."""
-        rows = np.flatnonzero(self.active)  # (B,) slots, in order
-        B, req, t = len(rows), self.req[rows], self.pos[rows]
-        ptr = self.r_off[req] + t % self.r_tlen[req]  # (B,) flat trace position (wraps)
-        ctx = self.r_ctx[req] + t  # (B,) context tokens
-        room = self.r_len[req] - t - 1  # (B,) tokens that may still be accepted
-        match = np.minimum(self._match(ptr), room)  # (B,) leading draft tokens the target would keep
-        if self.feed is not None:
-            self.feed.match = match
-        step, ids = self.steps, req
-        budgets = np.minimum(self.ctl.plan(step, ids, ctx), room)
-        J = int(budgets.max(initial=0))
-        top1, ent = self.top1[ptr, :J], self.ent[ptr, :J]  # (B, J) copies
-        drafted, passes = self._draft(budgets, top1, ent, self.ctl.keep_fn(step, ids, budgets))
-        past = np.arange(J)[None, :] >= drafted[:, None]  # (B, J) never drafted
-        top1[past], ent[past] = 0.0, 0.0
-        verify = self.ctl.verify_fn(step, ids, ctx)(top1, ent, drafted)
-        verify = free_verify(verify, drafted)  # clamped and extended as the engine does
-        accepted = np.minimum(verify, match)
-        context = int(ctx.sum())
-        N = B + int(verify.sum())
-        rows_per_pass = (drafted[None, :] > np.arange(passes)[:, None]).sum(1)  # (passes,) a pass drafts these
-        draft_s = sum(float(self.cost.draft_time(int(b), context)) for b in rows_per_pass)
-        target_s = float(self.cost.target_time(N, context, B))
-        self.clock += draft_s + target_s
-        self.busy += draft_s + target_s
-        emitted = accepted + 1
-        self.pos[rows] = t + emitted
-        self.r_first[req[t == 0]] = self.clock
-        self.r_steps[req] += 1
-        self.r_acc[req] += accepted
-        self.r_emit[req] += emitted
-        done = self.pos[rows] >= self.r_len[req]
-        fin = req[done]
-        self.r_done[fin] = self.clock
-        self.active[rows[done]] = False
-        first_s = float(self.cost.draft_time(int(rows_per_pass[0]), context)) if passes else 0.0
-        self.ctl.observe(step, ids, ctx, budgets, drafted, verify, accepted, top1, ent, draft_s, target_s,
-                         passes, fin, first_pass_s=first_s)
-        self.steps += 1
-        self.seq_steps += B
-        self.emitted_total += int(emitted.sum())
-        self.step_tokens += N
-        self.wasted += int((verify - accepted).sum())
-        return fin
-
-    def _draft(self, budgets: np.ndarray, top1: np.ndarray, ent: np.ndarray, keep) -> tuple[np.ndarray, int]:
-        """(drafted (B,), draft passes), as `PairRunner._draft` decides them."""
-        J = top1.shape[1]
-        if keep is None:
-            return budgets.copy(), J
-        drafted = np.zeros(len(budgets), np.int64)
-        active = budgets > 0
-        j = 0
-        while j < J and active.any():
-            drafted[active] += 1
-            j += 1
-            active &= drafted < budgets
-            if active.any() and j < J:
-                shown = np.arange(j)[None, :] < drafted[:, None]  # (B, j)
-                active &= np.asarray(keep(j, top1[:, :j] * shown, ent[:, :j] * shown, drafted), bool)
-        return drafted, j
-
-    def _match(self, ptr: np.ndarray) -> np.ndarray:
-        """(B,) how many leading chain tokens the target keeps at these positions: recorded
-        (greedy, exact), or drawn once per step for the whole chain from accept_prob (sampling):
-        verifying d then keeps min(d, that), as rejection sampling position by position would."""
-        if self.accept_prob is None:
-            return self.match[ptr]
-        ok = self.rng.random((len(ptr), self.K)) < self.accept_prob[ptr]  # (B, K)
-        return np.cumprod(ok, axis=1).sum(1).astype(np.int64)
-
+    def submit(self, i: int, arrive: float | None = None) -> None:
+        """Request i (in order: its sequence id is i) arrives, at `arrive` or now."""
+        out = self.engine.submit(Request(str(i), [0], int(self.r_len[i]), key=i))
+        if arrive is not None:
+            out.t_submit = arrive
+        self.outs.append(out)
 
 def replay(traces: TraceSet, policy: str | DepthPolicy, cost: str | CostModel, *,
            concurrency: int | None = None, arrivals: Arrivals | None = None, rate_scale: float = 1.0,
@@ -301,64 +206,66 @@ def replay(traces: TraceSet, policy: str | DepthPolicy, cost: str | CostModel, *
         _run_closed(sim, concurrency, drain)
         load = {"concurrency": concurrency}
     label = policy if isinstance(policy, str) else pol.describe()
-    return ReplayResult(_metrics(sim, label, load), idx, sim.r_steps, sim.r_acc, sim.r_emit, ~np.isnan(sim.r_done))
+    per = np.zeros((4, n), np.int64)  # steps, accepted, emitted, finished; 0 for requests never issued
+    for i, o in enumerate(sim.outs):
+        per[:, i] = o.steps, o.accepted, len(o.output_ids), o.finish_reason is not None
+    return ReplayResult(_metrics(sim, label, load), idx, per[0], per[1], per[2], per[3].astype(bool))
 
 
 def _run_closed(sim: _Sim, clients: int, drain: bool) -> None:
-    n = len(sim.r_trace)
-    issued = min(clients, n)
-    queue = deque(range(issued))
-    sim.r_arrive[:issued] = 0.0
-    while True:
-        sim.admit(queue)
-        if not sim.active.any():
-            return
-        fin = sim.step()
-        if len(fin) and issued == n and not drain:
+    n = len(sim.r_len)
+    for i in range(min(clients, n)):
+        sim.submit(i)
+    while sim.engine.has_work():
+        fin = sim.engine.step()
+        if len(fin) and len(sim.outs) == n and not drain:
             return  # a finish that cannot be replaced: the load would drop below C from here
-        new = range(issued, min(issued + len(fin), n))
-        sim.r_arrive[list(new)] = sim.clock
-        queue.extend(new)
-        issued += len(new)
+        for i in range(len(sim.outs), min(len(sim.outs) + len(fin), n)):
+            sim.submit(i)
 
 
 def _run_arrivals(sim: _Sim, times: np.ndarray) -> None:
     n, nxt = len(times), 0
-    queue: deque[int] = deque()
-    sim.r_arrive[:] = times
+    runner = sim.runner
     while True:
-        while nxt < n and times[nxt] <= sim.clock:
-            queue.append(nxt)
+        while nxt < n and times[nxt] <= runner.now:
+            sim.submit(nxt, float(times[nxt]))
             nxt += 1
-        sim.admit(queue)
-        if not sim.active.any():
+        if not sim.engine.has_work():
             if nxt >= n:
                 return
-            sim.clock = float(times[nxt])  # idle until the next arrival
+            runner.now = float(times[nxt])  # idle until the next arrival
             continue
-        sim.step()
+        sim.engine.step()
 
 
 def _metrics(sim: _Sim, policy: str, load: dict[str, Any]) -> dict[str, Any]:
-    done = ~np.isnan(sim.r_done)
-    ttft = (sim.r_first - sim.r_arrive)[done]
+    outs, runner, st = sim.outs, sim.runner, sim.engine.stats
+    n = len(sim.r_len)
+    r_arrive, r_first, r_done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for i, o in enumerate(outs):
+        r_arrive[i] = o.t_submit
+        r_first[i] = o.t_first if o.output_ids else np.nan
+        r_done[i] = o.t_done if o.finish_reason is not None else np.nan
+    done = ~np.isnan(r_done)
+    ttft = (r_first - r_arrive)[done]
     multi = done & (sim.r_len > 1)
-    tpot = ((sim.r_done - sim.r_first) / np.maximum(sim.r_len - 1, 1))[multi]
+    tpot = ((r_done - r_first) / np.maximum(sim.r_len - 1, 1))[multi]
     q = (lambda x, p: float(np.percentile(x, p)) if len(x) else float("nan"))
-    span = sim.clock - float(np.nanmin(sim.r_arrive))
-    em = max(sim.emitted_total, 1)
+    span = runner.now - float(np.nanmin(r_arrive))
+    em = max(st.emitted, 1)
     acc = sim.ctl.acceptance
     return {
         "policy": policy, **load,
-        "goodput_tok_s": sim.emitted_total / span if span > 0 else float("nan"),
-        "acceptance_length": sim.emitted_total / max(sim.seq_steps, 1),
-        "mean_step_s": sim.busy / max(sim.steps, 1),
+        "goodput_tok_s": st.emitted / span if span > 0 else float("nan"),
+        "acceptance_length": st.emitted / max(st.seq_steps, 1),
+        "mean_step_s": runner.busy / max(st.steps, 1),
         "tpot_p50_s": q(tpot, 50), "tpot_p99_s": q(tpot, 99), "ttft_p50_s": q(ttft, 50),
-        "wasted_verify_frac": sim.wasted / max(sim.step_tokens, 1),
-        "flops_per_token_vs_off": sim.step_tokens / em,  # `off` runs exactly 1 step token per emitted
-        "steps": sim.steps, "seq_steps": sim.seq_steps, "emitted": sim.emitted_total,
+        "wasted_verify_frac": runner.wasted / max(runner.step_tokens, 1),
+        "flops_per_token_vs_off": runner.step_tokens / em,  # `off` runs exactly 1 step token per emitted
+        "steps": st.steps, "seq_steps": st.seq_steps, "emitted": st.emitted,
         "requests_done": int(done.sum()), "sim_time_s": span,
         "fallbacks": int(sum(sim.ctl.fallbacks.values())), "fallback_kinds": dict(sim.ctl.fallbacks),
         "ece": acc.ece(), "ece_raw": acc.ece(raw=True),
-        "approximate": bool(sim.accept_prob is not None),
+        "approximate": sim.approximate,
     }

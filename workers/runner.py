@@ -17,14 +17,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdepth.workers.drafting import KeepFn, draft_loop
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer
 from specdepth.workers.padding import free_verify
 from specdepth.workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
                              rejection_sample, sample)
 
-# keep_fn(j, top1 (B, j), entropy (B, j), drafted (B,)) -> (B,) bool: draft position j + 1?
-KeepFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 # verify_fn(top1 (B, J), entropy (B, J), drafted (B,)) -> (B,) verify lengths d_r <= drafted_r
 VerifyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -78,9 +77,14 @@ class PairRunner:
     def vocab_size(self) -> int:
         return self.target.cfg.vocab_size
 
+    @property
+    def n_slots(self) -> int:
+        return self.tcache.n_slots
+
     # ---- sequences --------------------------------------------------------------------------
-    def add(self, tokens: list[int]) -> int:
-        """Claim a slot for a sequence and prefill all but its last token. Returns the slot."""
+    def add(self, tokens: list[int], key: object = None) -> int:
+        """Claim a slot for a sequence and prefill all but its last token. Returns the slot.
+        (`key`, how a step loop may name the request, is not needed here.)"""
         return self.add_many([tokens])[0]
 
     def add_many(self, seqs: list[list[int]]) -> list[int]:
@@ -104,6 +108,10 @@ class PairRunner:
                     model(cache, sl, x.to(self.device), n, logits=False)
         return slots
 
+    def context_lens(self, slots: np.ndarray) -> np.ndarray:
+        """(B,) committed tokens (prompt + generated) of these sequences."""
+        return np.array([len(self.seqs[s]) for s in slots], np.int64)
+
     def remove(self, slot: int) -> None:
         self.seqs.pop(slot)
         self.tcache.release(slot)
@@ -124,7 +132,8 @@ class PairRunner:
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
-        tokens, qprobs, top1, ent, drafted, passes, keep_s, first_s = self._draft(slots, budgets, keep_fn)
+        tokens, qprobs, dr = self._draft(slots, budgets, keep_fn)
+        drafted, top1, ent, keep_s = dr.drafted, dr.top1, dr.entropy, dr.keep_s
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
@@ -163,23 +172,17 @@ class PairRunner:
             self.dcache.truncate(s, min(self.dcache.lengths[s], n + accepted[r]))
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
-                          t1 - t0 - keep_s, target_s, passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, keep_s + t_verify, keep_s, first_s)
+                          t1 - t0 - keep_s, target_s, dr.passes, int((verify + 1).sum()), ctx_tokens,
+                          failed, keep_s + t_verify, keep_s, dr.first_pass_s)
 
     def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
-        """Sequential draft passes; returns tokens (B, J), q (B, J, V) or None, features, counts, the
-        seconds spent inside keep_fn, and the seconds of the first pass."""
+        """Sequential draft passes (`draft_loop`); returns tokens (B, J), q (B, J, V) or None, and
+        the loop's `Drafted`."""
         B, K = len(slots), int(budgets.max(initial=0))
         tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=self.device)
         qprobs = None if self.sampling.greedy else torch.zeros((B, max(K, 1), self.vocab_size), device=self.device)
-        top1 = np.zeros((B, K))
-        ent = np.zeros((B, K))
-        drafted = np.zeros(B, dtype=np.int64)
-        active = budgets > 0
-        j, keep_s, first_s = 0, 0.0, 0.0
-        t_pass = time.perf_counter()
-        while j < K and active.any():
-            rows = np.flatnonzero(active)
+
+        def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if j == 0:  # catch up: everything committed that the draft cache lacks
                 pend = [self.seqs[slots[r]][self.dcache.lengths[slots[r]]:] for r in rows]
                 T = max(len(p) for p in pend)
@@ -191,29 +194,21 @@ class PairRunner:
                 n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
             # (b, V): x_{j+1}'s distribution, the LM head run on each row's last token only
             last = self.draft(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
+            ok = np.ones(len(rows), bool)
             if not bool(torch.isfinite(last).all()):
                 bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
-                for i in bad:  # a draft that cannot be trusted drafts nothing more; verification stays exact
-                    active[rows[i]] = False
+                ok[list(bad)] = False  # a draft that cannot be trusted drafts nothing more; verification stays exact
                 last = torch.nan_to_num(last)
             p1, h, top = confidence_features(last, with_argmax=True)
-            top1[rows, j], ent[rows, j] = p1.cpu().numpy(), h.cpu().numpy()
             if self.sampling.greedy:
                 tokens[rows, j] = top  # the argmax: greedy drafting needs no probabilities
             else:
                 q = probs_from_logits(last, self.sampling)  # (b, V)
                 tokens[rows, j] = sample(q, self.gen)
                 qprobs[rows, j] = q
-            drafted[rows[active[rows]]] += 1
-            j += 1
-            if j == 1:
-                first_s = time.perf_counter() - t_pass
-            active &= drafted < budgets
-            if keep_fn is not None and active.any() and j < K:
-                t = time.perf_counter()
-                active &= np.asarray(keep_fn(j, top1[:, :j], ent[:, :j], drafted), dtype=bool)
-                keep_s += time.perf_counter() - t
-        return tokens, qprobs, top1 * (np.arange(K) < drafted[:, None]), ent, drafted, j, keep_s, first_s
+            return p1.cpu().numpy(), h.cpu().numpy(), ok
+
+        return tokens, qprobs, draft_loop(budgets, draft_pass, keep_fn)
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]

@@ -15,6 +15,7 @@ import torch
 from scipy.stats import chisquare
 
 from tests.pairs import tiny_pair
+from specdepth.adaptive.controller import StepRecord
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
@@ -56,8 +57,7 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, po
                 lens = np.array([len(runner.seqs[s]) for s in slots])
                 budgets = policy.plan(step, ids, lens)
                 res = runner.step(slots, budgets, policy.keep_fn(step, ids, budgets), policy.verify_fn(step, ids, lens))
-                policy.observe(step, ids, lens, budgets, res.drafted, res.verified, res.accepted, res.top1,
-                               res.entropy, res.draft_s, res.target_s, res.draft_passes, np.zeros(0, np.int64))
+                policy.observe(StepRecord(step, ids, lens, budgets, res, np.zeros(0, np.int64)))
                 step += 1
                 continue
             runner.step(slots, budgets, verify_fn=verify_fn)
