@@ -1,46 +1,42 @@
-"""The cluster controller: continuous batching over Ray replicas, statistics pooled centrally.
+"""The cluster: requests spread over Ray replicas that each run the step loop themselves.
 
-`ClusterController` is `adaptive.engine.Engine` spread over `workers.actors.ReplicaActor`s (one
-draft/target pair each, one GPU each on GPU clusters). It owns what must be global: the pooled
-`AcceptanceModel` (every replica's observations go into it), the policy, one cost model per
-replica, and every request's committed tokens (prompt + emitted). Each step of a replica is one
-round trip (see workers/actors.py for the message and why it carries the controller's
-parameters); replicas step concurrently: every idle replica with work gets its next plan, then
-`ray.wait` hands back whichever reply comes first, which is observed, streamed and answered with
-that replica's next plan. No replica waits for another.
+Every replica (adaptive/replica.py) runs `Engine` over its own pair: it plans, drafts, verifies
+and prices its steps locally, so no step waits on a round trip. The cluster talks to each replica
+once a round (a few steps): it hands out waiting requests (to the least-loaded replica with a free
+slot), streams the tokens a round committed to their requests, and pools every replica's
+acceptance observations in one `AcceptanceModel`, whose fit goes back to the replicas with their
+next round: the one-round-stale freedom DSpark's production scheduler takes. Replicas step
+concurrently: `ray.wait` hands back whichever round ends first, which is answered with that
+replica's next round at once.
 
-Fault tolerance. A reply that does not come (the actor died: `ray.kill`, a killed process, an
-exception) does not commit anything, so nothing emitted is lost or duplicated: the replica's
-sequences are re-sent with their committed tokens (re-prefill) and redo that step. Ray restarts
-the actor (`max_restarts`); once Ray gives up, the controller recreates it. A replica that fails
-more than `max_failures` times is dropped and its requests move to the others; with none left,
-RuntimeError. A step that takes longer than `step_timeout_s` kills (and so restarts) its actor.
+The cluster owns every request's committed tokens (prompt + emitted). A round that does not come
+back (the actor died: `ray.kill`, a killed process, an exception) committed nothing the cluster
+saw, so nothing is lost or duplicated: the replica's sequences are re-sent with their committed
+tokens (re-prefill). Ray restarts the actor (`max_restarts`); once Ray gives up, the cluster
+recreates it. A replica that fails more than `max_failures` times is dropped and its requests
+move to the others; with none left, RuntimeError. A round that takes longer than
+`step_timeout_s` kills (and so restarts) its actor.
 
 Metrics (ray.util.metrics, tag `replica`): acceptance length, verify-length histogram, goodput,
-policy fallbacks, emitted tokens, replica failures; silently off where Ray's metrics cannot be
-recorded.
+policy fallbacks, emitted tokens, replica failures; off where Ray's metrics cannot be recorded.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 import ray
 
-from specdepth.adaptive.ray_local import init_ray
-
 from specdepth.adaptive.acceptance import AcceptanceModel
-from specdepth.adaptive.controller import Controller
-from specdepth.adaptive.cost_model import CostModel, FixedCost
-from specdepth.adaptive.engine import EngineStats, Request, RequestError, RequestOutput, commit_step, submit_all, validate_request
-from specdepth.workers.actors import ReplicaConfig, StepParams, StepPlan, StepReply, create_replica
+from specdepth.adaptive.engine import EngineStats, Request, RequestError, RequestOutput, submit_all, validate_request
+from specdepth.adaptive.ray_local import init_ray
+from specdepth.adaptive.replica import FIT_KEYS, Progress, ReplicaConfig, Work, create_replica
 
 log = logging.getLogger("specdepth.cluster")
 RETRY_S = 0.2  # how soon to call a restarting actor again
@@ -52,14 +48,17 @@ class ClusterConfig:
     replica: ReplicaConfig = ReplicaConfig()
     max_batch: Optional[int] = None  # sequences per replica (default: its n_slots)
     max_failures: int = 3  # N: a replica failing more often than this is dropped
-    local_allocation: bool = True  # ship parameters, verify locally (False: verify all drafted)
-    step_timeout_s: Optional[float] = 600.0  # a step slower than this kills (restarts) its actor
+    round_steps: int = 16  # steps a replica runs between two talks with the cluster, at most
+    round_s: float = 0.1  # seconds a round lasts, at most
+    step_timeout_s: Optional[float] = 600.0  # a round slower than this kills (restarts) its actor
     restart_timeout_s: float = 300.0  # a failed replica still unavailable after this fails again
     metrics: bool = True  # export ray.util.metrics
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.max_failures < 0 or (self.max_batch is not None and self.max_batch < 1):
-            raise ValueError(f"need replicas >= 1, max_failures >= 0, max_batch >= 1: {self}")
+        if self.replicas < 1 or self.max_failures < 0 or (self.max_batch is not None and self.max_batch < 1) \
+                or self.round_steps < 1 or not self.round_s > 0:
+            raise ValueError(f"need replicas >= 1, max_failures >= 0, max_batch >= 1, round_steps >= 1, "
+                             f"round_s > 0: {self}")
 
 
 @dataclass
@@ -72,36 +71,39 @@ class _Seq:
     def committed(self) -> list[int]:
         return self.out.prompt_ids + self.out.output_ids
 
+    def rest(self) -> Request:
+        """The request from its committed tokens on: what a replica continues."""
+        return Request(self.req.request_id, self.committed, self.req.max_new_tokens - len(self.out.output_ids),
+                       self.req.ignore_eos)
+
 
 @dataclass
 class ReplicaState:
-    """The controller's view of one replica."""
+    """The cluster's view of one replica."""
 
     rid: int
     handle: Any  # ray ActorHandle
-    ctl: Controller  # this replica's cost model; policy and acceptance are shared
     alive: bool = True
     seqs: set[int] = field(default_factory=set)  # sequence ids assigned to it
     pending_add: list[int] = field(default_factory=list)
-    pending_remove: list[int] = field(default_factory=list)
+    pending_cancel: list[int] = field(default_factory=list)
     needs_reset: bool = True  # resend every sequence (new or restarted actor)
     incarnation: Optional[str] = None
-    pid: Optional[int] = None  # the actor process, as of its last reply
-    inflight: Any = None  # ObjectRef of the step in flight
-    budgets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (B,) of that step
+    pid: Optional[int] = None  # the actor process, as of its last answer
+    inflight: Any = None  # ObjectRef of the round in flight
+    fit_seen: float = -1.0  # pooled observations when its last fit was sent
     t_submit: float = 0.0
     failures: int = 0
     recovering: bool = False  # failed (counted) and not answered since
     recover_by: float = 0.0  # while recovering, "restarting" answers are retried until then
     retry_at: float = 0.0  # do not call before this (perf_counter), Ray is restarting it
     observations: float = 0.0  # counted observations it added to the pooled acceptance model
+    fallbacks: Counter = field(default_factory=Counter)  # policy faults it reported
     faults_reported: int = 0  # policy fallbacks already exported as a metric
     stats: EngineStats = field(default_factory=EngineStats)
-    rtt_s: float = 0.0  # summed submit -> reply time (includes waiting behind other replies)
-    handler_s: float = 0.0  # summed time inside the actor's step()
-    params_s: float = 0.0  # of which: rebuilding the shipped parameters
-    prefill_s: float = 0.0  # of which: (re-)prefilling added sequences
-    controller_s: float = 0.0  # summed plan + observe + commit time in the controller
+    rtt_s: float = 0.0  # summed submit -> answer time (includes waiting behind other answers)
+    handler_s: float = 0.0  # summed time inside the actor's rounds
+    controller_s: float = 0.0  # summed time in the cluster: building rounds, pooling, streaming
 
 
 def _stats(max_depth: int) -> EngineStats:
@@ -150,43 +152,44 @@ class _Metrics:
 class ClusterController:
     """Serve requests on Ray replicas; same Request/RequestOutput as `adaptive.engine.Engine`."""
 
-    def __init__(self, policy: Any, config: ClusterConfig = ClusterConfig(),
-                 cost: Union[CostModel, str, None] = None, acceptance: Optional[AcceptanceModel] = None,
-                 eos_ids: Optional[tuple[int, ...]] = None, learn_cost: bool = True) -> None:
+    def __init__(self, policy: Any, config: ClusterConfig = ClusterConfig(), cost: Any = None,
+                 acceptance: Optional[AcceptanceModel] = None, eos_ids: Optional[tuple[int, ...]] = None,
+                 learn_cost: bool = True) -> None:
         """
         Args:
-            policy: the depth policy (one, shared by all replicas; its state is pooled too).
+            policy: the depth policy; every replica runs its own copy.
             config: replicas and their shape.
-            cost: a cost model, copied per replica; "profile": replica 0 times its pair and every
-                replica starts from that table; None: a fixed 1 ms / 0.1 ms model.
+            cost: a cost model, copied to each replica, which refines its own; "profile": replica 0
+                times its pair and every replica starts from that table; None: a fixed 1 ms /
+                0.1 ms model.
             acceptance: the pooled acceptance model (default: a fresh one).
             eos_ids: end-of-sequence ids (default: the pair's).
-            learn_cost: refine each replica's cost model from its measured step times.
+            learn_cost: each replica refines its cost model from its measured step times.
         Raises:
             RuntimeError: a replica could not start.
         """
         init_ray()
-        self.config, self.policy = config, policy
+        self.config, self.policy, self.learn_cost = config, policy, learn_cost
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         rc = config.replica
         self.num_gpus = rc.num_gpus if rc.num_gpus is not None else (
             1 if ray.cluster_resources().get("GPU", 0) > 0 else 0)
-        handles = [create_replica(rc, i, self.num_gpus) for i in range(config.replicas)]
+        self.cost = cost if not isinstance(cost, str) else None
+        if isinstance(cost, str) and cost != "profile":
+            raise ValueError(f"cost must be a cost model, 'profile' or None, got {cost!r}")
+        handles = [self._create(i) for i in range(config.replicas)]
         try:
             self.infos = ray.get([h.info.remote() for h in handles])
         except ray.exceptions.RayError as e:
             for h in handles:
                 _kill(h)
             raise RuntimeError(f"a replica failed to start: {e}") from e
-        info = self.infos[0]
-        if isinstance(cost, str):
-            if cost != "profile":
-                raise ValueError(f"cost must be a CostModel, 'profile' or None, got {cost!r}")
-            cost = CostModel.from_dict(ray.get(handles[0].profile.remote()))
-        base = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
-        self.replicas = [ReplicaState(i, h, Controller(policy, rc.max_depth, copy.deepcopy(base), self.acceptance,
-                                                       learn_cost), pid=inf["pid"], stats=_stats(rc.max_depth))
+        self.replicas = [ReplicaState(i, h, pid=inf["pid"], stats=_stats(rc.max_depth))
                          for i, (h, inf) in enumerate(zip(handles, self.infos))]
+        if cost == "profile":
+            from specdepth.adaptive.cost_model import CostModel
+            self.set_cost(CostModel.from_dict(ray.get(handles[0].profile.remote())))
+        info = self.infos[0]
         self.max_len = min(inf["max_len"] for inf in self.infos)
         self.vocab_size = info["vocab_size"]
         self.max_batch = min(config.max_batch or rc.n_slots, rc.n_slots)
@@ -194,10 +197,17 @@ class ClusterController:
         self.queue: deque[_Seq] = deque()
         self.seqs: dict[int, _Seq] = {}  # running: sequence id -> request
         self.seq_no = 0
-        self.step_no = 0
         self.stats = _stats(rc.max_depth)
         self.metrics = _Metrics(config.metrics, rc.max_depth)
-        self.last_reply: Optional[StepReply] = None  # the latest step reply (inspection, benchmarks)
+
+    def _create(self, rid: int) -> Any:
+        rc = self.config.replica
+        return create_replica(rc, rid, self.num_gpus, self.policy, copy.deepcopy(self.cost), self.learn_cost)
+
+    def set_cost(self, cost: Any) -> None:
+        """Every replica (and any recreated one) starts again from this cost model."""
+        self.cost = cost
+        ray.get([r.handle.set_cost.remote(copy.deepcopy(cost)) for r in self.alive()])
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
@@ -219,14 +229,14 @@ class ClusterController:
 
     @property
     def fallbacks(self) -> Counter:
-        """Policy faults over all replicas (plan faults here, keep/verify faults in the replicas)."""
-        return sum((r.ctl.fallbacks for r in self.replicas), Counter())
+        """Policy faults over all replicas."""
+        return sum((r.fallbacks for r in self.replicas), Counter())
 
     def replica_observations(self) -> dict[int, float]:
         return {r.rid: r.observations for r in self.replicas}
 
     def ping_s(self, rid: int = 0, n: int = 50) -> float:
-        """Mean bare round trip to replica `rid` (an echo call), seconds; call between steps."""
+        """Mean bare round trip to replica `rid` (an echo call), seconds; call between rounds."""
         handle = self.replicas[rid].handle
         ray.get(handle.ping.remote())
         t0 = time.perf_counter()
@@ -252,11 +262,11 @@ class ClusterController:
 
     # ---- the loop ---------------------------------------------------------------------------
     def step(self) -> None:
-        """Send every idle replica with work its next step, then process the first reply."""
+        """Send every idle replica with work its next round, then take the first answer."""
         self._admit()
         now = time.perf_counter()
         for rep in self.alive():
-            if rep.inflight is None and rep.seqs and rep.retry_at <= now:
+            if rep.inflight is None and (rep.seqs or rep.pending_cancel) and rep.retry_at <= now:
                 self._submit(rep)
         waiting = {r.inflight: r for r in self.alive() if r.inflight is not None}
         backoff = [r.retry_at - now for r in self.alive() if r.inflight is None and r.seqs]
@@ -274,7 +284,7 @@ class ClusterController:
         now = time.perf_counter()
         for rep in waiting.values():
             if self.config.step_timeout_s is not None and now - rep.t_submit > self.config.step_timeout_s:
-                log.warning("replica %d: no reply for %.0f s; killing it", rep.rid, now - rep.t_submit)
+                log.warning("replica %d: no answer for %.0f s; killing it", rep.rid, now - rep.t_submit)
                 _kill(rep.handle, restart=True)  # its call now fails: handled as a failure
 
     def run(self, requests: list[Request], progress: Optional[Callable[[int], None]] = None) -> list[RequestOutput]:
@@ -293,100 +303,94 @@ class ClusterController:
 
     def _submit(self, rep: ReplicaState) -> None:
         t0 = time.perf_counter()
-        ids = sorted(rep.seqs)
-        seqs = [self.seqs[i] for i in ids]
-        seq_ids = np.array(ids, np.int64)
-        ctx = np.array([len(s.out.prompt_ids) + len(s.out.output_ids) for s in seqs], np.int64)
-        room = np.array([min(s.req.max_new_tokens - len(s.out.output_ids), self.max_len - n) - 1
-                         for s, n in zip(seqs, ctx)], np.int64)
-        budgets = np.minimum(rep.ctl.plan(self.step_no, seq_ids, ctx), np.maximum(room, 0))  # (B,)
-        params = StepParams(self.policy, rep.ctl.cost, self.calibration(seq_ids)) \
-            if self.config.local_allocation else None
         reset = rep.needs_reset or rep.incarnation is None
-        add = ids if reset else rep.pending_add
-        plan = StepPlan(self.step_no, None if reset else rep.incarnation, reset,
-                        [] if reset else rep.pending_remove, [(i, self.seqs[i].committed) for i in add],
-                        seq_ids, budgets, params)
-        rep.pending_add, rep.pending_remove = [], []
-        rep.inflight = rep.handle.step.remote(plan)
-        rep.budgets, rep.t_submit = budgets, time.perf_counter()
+        add = sorted(rep.seqs) if reset else rep.pending_add
+        pooled = self.pooled_observations()
+        fit = None
+        if pooled != rep.fit_seen and pooled > 0:
+            st = self.acceptance.state_dict()
+            fit, rep.fit_seen = {k: st[k] for k in FIT_KEYS}, pooled
+        work = Work(None if reset else rep.incarnation, [(i, self.seqs[i].rest()) for i in add],
+                    [] if reset else rep.pending_cancel, fit, self.config.round_steps, self.config.round_s,
+                    stop_on_finish=bool(self.queue))
+        rep.pending_add, rep.pending_cancel = [], []
+        rep.inflight = rep.handle.advance.remote(work)
+        rep.t_submit = time.perf_counter()
         rep.controller_s += rep.t_submit - t0
-        self.step_no += 1
-
-    def calibration(self, seq_ids: np.ndarray) -> dict[str, Any]:
-        """The acceptance model's fit and these sequences' histories (what `calibrate` reads)."""
-        st = self.acceptance.state_dict()
-        keep = np.isin(st["seq_ids"], seq_ids)
-        return {"config": st["config"], "weights": st["weights"], "global_rates": st["global_rates"],
-                "cat_shift": st["cat_shift"], "seq_ids": st["seq_ids"][keep], "seq_stats": st["seq_stats"][keep]}
 
     def _process(self, rep: ReplicaState) -> None:
         ref, rep.inflight = rep.inflight, None
         try:
-            reply: StepReply = ray.get(ref)
+            prog: Progress = ray.get(ref)
         except ray.exceptions.RayError as e:
             self._failed(rep, e)
             return
         t0 = time.perf_counter()
         rep.rtt_s += t0 - rep.t_submit
-        if reply.lost:
-            self._failed(rep, RuntimeError(f"actor restarted between steps (now pid {reply.pid}); "
+        if prog.lost:
+            self._failed(rep, RuntimeError(f"actor restarted between rounds (now pid {prog.pid}); "
                                            "its sequences were lost"))
             return
-        self.last_reply = reply
-        rep.incarnation, rep.pid, rep.needs_reset = reply.incarnation, reply.pid, False
+        rep.incarnation, rep.pid, rep.needs_reset = prog.incarnation, prog.pid, False
         rep.recovering = False
-        rep.handler_s += reply.handler_s
-        rep.params_s += reply.params_s
-        rep.prefill_s += reply.prefill_s
-        finished = self._commit(rep, reply)
-        conf = reply.conf if reply.conf is not None else \
-            self.acceptance.calibrate(reply.seq_ids, reply.top1, reply.entropy) * (reply.top1 > 0)
+        rep.handler_s += prog.handler_s
+        self._commit(rep, prog)
         before = self.pooled_observations()
-        rep.ctl.observe(reply.step, reply.seq_ids, reply.context_lens, rep.budgets, reply.drafted,
-                        reply.verified, reply.accepted, reply.top1, reply.entropy, reply.draft_s,
-                        reply.target_s, reply.draft_passes, finished, conf=conf, keep_s=reply.keep_s,
-                        first_pass_s=reply.first_pass_s, verify_s=reply.verify_s)
+        for seq_ids, top1, entropy, verified, accepted, finished in prog.observations:
+            self.acceptance.observe(seq_ids, top1, entropy, verified, accepted)
+            if len(finished):
+                self.acceptance.forget(finished)
         rep.observations += self.pooled_observations() - before
-        rep.ctl.fallbacks.update(reply.fallbacks)
-        for st in (self.stats, rep.stats):
-            st.steps += 1
-            st.draft_s += reply.draft_s
-            st.target_s += reply.target_s
-            st.step_log.append((int((reply.verified + 1).sum()), int(reply.context_lens.sum()),
-                                reply.draft_s, reply.target_s, reply.draft_passes, len(reply.seq_ids), math.nan))
-        self._record(rep, reply, time.perf_counter() - rep.t_submit)
+        rep.fallbacks.update(prog.fallbacks)
+        if prog.stats is not None:
+            for st in (self.stats, rep.stats):
+                st.add(prog.stats)
+        self._record(rep, prog, time.perf_counter() - rep.t_submit)
         rep.controller_s += time.perf_counter() - t0
 
-    def _commit(self, rep: ReplicaState, reply: StepReply) -> np.ndarray:
-        """Stream the emitted tokens to their requests (as Engine._commit); returns finished ids."""
+    def _commit(self, rep: ReplicaState, prog: Progress) -> None:
+        """Stream what the round committed to its requests; finished ones leave."""
         now = time.perf_counter()
-        finished = []
-        for r, sid in enumerate(reply.seq_ids.tolist()):
-            seq = self.seqs[sid]
-            req, out = seq.req, seq.out
-            if sid in reply.failed:
-                self._finish(rep, seq, "error", RequestError(req.request_id, reply.failed[sid]))
-                finished.append(sid)
+        for sid, p in prog.seqs.items():
+            seq = self.seqs.get(sid)
+            if seq is None:  # cancelled here meanwhile
                 continue
-            reason = commit_step(req, out, reply.emitted[r], int(reply.verified[r]), int(reply.accepted[r]),
-                                 [self.stats, rep.stats], self.eos_ids, now)
-            if reason is None and len(seq.committed) >= self.max_len:
-                reason = "context"
-            if reason:
-                self._finish(rep, seq, reason)
-                finished.append(sid)
-        return np.array(finished, np.int64)
+            out = seq.out
+            out.steps += p.steps
+            out.verified += p.verified
+            out.accepted += p.accepted
+            if p.tokens:
+                if not out.output_ids:
+                    out.t_first = now
+                out.output_ids.extend(p.tokens)
+                if seq.req.on_token is not None:
+                    seq.req.on_token(seq.req.request_id, p.tokens)
+            if p.finish_reason is not None:
+                err = RequestError(seq.req.request_id, p.error) if p.error is not None else None
+                seq.out.finish_reason, seq.out.error, seq.out.t_done = p.finish_reason, err, now
+                del self.seqs[sid]
+                rep.seqs.discard(sid)
 
-    def _finish(self, rep: ReplicaState, seq: _Seq, reason: str, error: Optional[Exception] = None) -> None:
-        seq.out.finish_reason, seq.out.error, seq.out.t_done = reason, error, time.perf_counter()
-        del self.seqs[seq.seq_id]
-        rep.seqs.discard(seq.seq_id)
-        rep.pending_remove.append(seq.seq_id)
+    def cancel(self, request_id: str) -> bool:
+        """End a request now (finish reason "cancelled"); False if it is not waiting or running."""
+        for seq in list(self.queue) + list(self.seqs.values()):
+            if seq.req.request_id != request_id:
+                continue
+            if seq in self.queue:
+                self.queue.remove(seq)
+            else:
+                del self.seqs[seq.seq_id]
+                for rep in self.replicas:
+                    if seq.seq_id in rep.seqs:
+                        rep.seqs.discard(seq.seq_id)
+                        rep.pending_cancel.append(seq.seq_id)
+            seq.out.finish_reason, seq.out.t_done = "cancelled", time.perf_counter()
+            return True
+        return False
 
     # ---- failures ---------------------------------------------------------------------------
     def _failed(self, rep: ReplicaState, err: Exception) -> None:
-        """A step that did not complete: nothing of it was committed; resend or drop."""
+        """A round that did not complete: nothing of it was committed; resend or drop."""
         now = time.perf_counter()
         if rep.recovering and isinstance(err, ray.exceptions.ActorUnavailableError) and now < rep.recover_by:
             rep.retry_at = now + RETRY_S  # Ray is still restarting it after the failure already counted
@@ -404,9 +408,9 @@ class ClusterController:
                     rep.rid, type(err).__name__, first, len(rep.seqs))
         if isinstance(err, ray.exceptions.ActorDiedError):  # Ray will not restart it: recreate
             _kill(rep.handle)
-            rep.handle = create_replica(self.config.replica, rep.rid, self.num_gpus)
-        rep.needs_reset, rep.incarnation = True, None
-        rep.pending_add, rep.pending_remove = [], []
+            rep.handle = self._create(rep.rid)
+        rep.needs_reset, rep.incarnation, rep.fit_seen = True, None, -1.0
+        rep.pending_add, rep.pending_cancel = [], []
 
     def _drop(self, rep: ReplicaState, why: str) -> None:
         rep.alive = False
@@ -420,15 +424,16 @@ class ClusterController:
                                f"{len(self.queue)} requests unfinished; last error: {why}")
 
     # ---- metrics and shutdown ---------------------------------------------------------------
-    def _record(self, rep: ReplicaState, reply: StepReply, wall_s: float) -> None:
+    def _record(self, rep: ReplicaState, prog: Progress, wall_s: float) -> None:
         m, tags = self.metrics, {"replica": str(rep.rid)}
-        emitted = sum(len(e) for e in reply.emitted)
-        faults = sum(rep.ctl.fallbacks.values())  # plan faults here + keep/verify faults there
+        emitted = sum(len(p.tokens) for p in prog.seqs.values())
+        faults = sum(rep.fallbacks.values())
         new_faults, rep.faults_reported = faults - rep.faults_reported, faults
+        verified = [int(d) for obs in prog.observations for d in obs[3]]
 
         def record() -> None:
             m.accept.set(rep.stats.acceptance_length, tags)
-            for d in reply.verified.tolist():
+            for d in verified:
                 m.verify.observe(d, tags)
             m.goodput.set(emitted / max(wall_s, 1e-9), tags)
             m.emitted.inc(emitted, tags)

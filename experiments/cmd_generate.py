@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=output_file, default=None,
                    help="also write the --json objects, one per line in input order, to this file")
     p.add_argument("--ray", action="store_true", help="run replicas as Ray actors (also when RAY_ADDRESS is set)")
+    p.add_argument("--ray-host", default=None, metavar="ADDRESS",
+                   help="with --ray: the address the embedded Ray listens on (default 127.0.0.1, or "
+                   "SPECDEPTH_RAY_HOST); give the machine's address only to let other machines join")
     p.add_argument("--replicas", type=positive_int, default=1, help="Ray replicas (with --ray)")
     add_model_args(p)
     p.set_defaults(func=run)
@@ -225,18 +228,17 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
     `--cost auto` profiles replica 0's pair once (cached like the in-process run: SPECDEPTH_CACHE
     or ~/.cache/specdepth) and every replica refines its own copy online.
     """
-    import copy
-
     import ray
 
     from specdepth.adaptive.cluster import ClusterConfig, ClusterController
-    from specdepth.adaptive.ray_local import init_ray
     from specdepth.adaptive.cost_model import CostModel, load_cost, parse_cost
     from specdepth.adaptive.engine import Request
+    from specdepth.adaptive.ray_local import init_ray
+    from specdepth.adaptive.replica import ReplicaConfig
     from specdepth.policies.registry import make_policy
-    from specdepth.workers.actors import PairSpec, ReplicaConfig
+    from specdepth.workers.pair_spec import PairSpec
 
-    started = init_ray()
+    started = init_ray(host=args.ray_host)
     tok = _tokenizer(args.target)
     rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
                        seed=args.seed, device=args.device or "auto", threads=args.threads,
@@ -255,8 +257,7 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(CostModel.from_dict(ray.get(cc.replicas[0].handle.profile.remote())).to_json())
                 cost = load_cost(path)
-            for rep in cc.replicas:
-                rep.ctl.cost = copy.deepcopy(cost)
+            cc.set_cost(cost)
             reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
             t0 = time.perf_counter()
             outs = cc.run(reqs)

@@ -26,7 +26,8 @@ from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.engine import Engine, Request
 from specdepth.policies.registry import make_policy
 from tests.pairs import tiny_pair
-from specdepth.workers.actors import PairSpec, ReplicaConfig
+from specdepth.adaptive.replica import ReplicaConfig
+from specdepth.workers.pair_spec import PairSpec
 from specdepth.workers.runner import PairRunner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +170,8 @@ import json
 from specdepth.adaptive.cluster import ClusterConfig, ClusterController
 from specdepth.adaptive.engine import Request
 from specdepth.policies.registry import make_policy
-from specdepth.workers.actors import PairSpec, ReplicaConfig
+from specdepth.adaptive.replica import ReplicaConfig
+from specdepth.workers.pair_spec import PairSpec
 rc = ReplicaConfig(pair=PairSpec(factory="tests.pairs:tiny_pair", kwargs={pair!r}), n_slots=2, max_depth=4, threads=1)
 with ClusterController(make_policy("dspark"), ClusterConfig(replicas=2, replica=rc)) as cc:
     outs = cc.run([Request(str(i), p, 8) for i, p in enumerate({prompts!r})])
