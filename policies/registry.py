@@ -16,6 +16,8 @@ starts after the last `:` before the first `=`, so `mypkg.mod:MyPolicy:k=4` also
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import importlib.metadata
 from typing import Any
 
@@ -64,6 +66,8 @@ def _import_target(path: str, *, missing_ok: bool = False) -> Any:
     module, sep, attr = path.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"policy {path!r}: expected 'module:attr', e.g. 'mypkg.mod:MyPolicy'")
+    if os.getcwd() not in sys.path:  # a user's module beside them, as `python -m` finds it; last, so
+        sys.path.append(os.getcwd())  # nothing installed is shadowed by it
     try:
         obj: Any = importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -206,7 +206,7 @@ def test_ray_job_submit_to_a_local_head():
         gen = [sys.executable, "-m", "specdepth.experiments.cli", "generate", "--prompt", prompt, "--max-new-tokens", "8"]
         local = subprocess.run(gen + fixed, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert local.returncode == 0, local.stderr
-        entry, expected = ["python", "-m", "specdepth.experiments.cli", *gen[3:], "--ray", *fixed], local.stdout.strip()
+        entry, expected = ["specdepth", *gen[3:], "--ray", *fixed], local.stdout.strip()
     else:
         prompts = [[1, 2, 3], [40, 41]]
         target, _ = tiny_pair(**PAIR)

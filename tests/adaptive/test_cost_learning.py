@@ -133,7 +133,7 @@ def test_profiled_learns_the_engine_s_draft_pass_quickly():
 def test_the_draft_ratio_s_evidence_ages_with_the_steps_not_the_drafting_steps():
     """A drafting step after many that drafted nothing weighs ~as much as the ratio's memory has
     forgotten: a policy that stopped drafting on a pass priced too dear corrects the price from
-    the odd pass it drafts to check (dspark's `_trying`), instead of lr / 2 of the error at a time."""
+    the odd pass it drafts to check (dspark_gates.SelfMeasure.try_rows), instead of lr / 2 of the error at a time."""
     c = make_profiled()
     pure = c.draft_time(8, 2000)
     for _ in range(100):  # the engine's pass took 1.5x the profile's

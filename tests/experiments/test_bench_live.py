@@ -58,13 +58,13 @@ def test_rounds_start_from_each_policys_warmed_controller() -> None:
     warm = warm_at(pair, ["dspark", "off"], prompts[:3], 2, 6, 4, cost, acc, random.Random(0))
     assert warm["dspark"].step_no == 6 and warm["dspark"].seq_no >= 2
     warmed = warm["dspark"].ctl
-    assert warmed.acceptance.metrics.sum() == 0 and warmed.policy._gates  # tallies reset; the gate kept
+    assert warmed.acceptance.metrics.sum() == 0 and warmed.policy._measure.buckets  # tallies reset; the gate kept
     seen = warmed.acceptance.cells.sum()
     assert seen > acc.cells.sum()  # it learned from the warm-up's steps
     for _ in range(2):
         res = run_round(pair, ["dspark", "off"], prompts[3:], 2, 3, 4, cost, acc, random.Random(1), warm)
         _, eng, ctl = res["dspark"]
-        assert eng.step_no == 9 and ctl.policy is not warmed.policy and ctl.policy._gates.keys() == warmed.policy._gates.keys()
+        assert eng.step_no == 9 and ctl.policy is not warmed.policy and ctl.policy._measure.buckets.keys() == warmed.policy._measure.buckets.keys()
         assert ctl.acceptance.cells.sum() > seen  # from the warmed model, then this round's steps
     assert warmed.acceptance.cells.sum() == seen and warm["dspark"].step_no == 6  # left as it was
 
