@@ -34,6 +34,7 @@ import numpy as np
 import ray
 
 from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.controller import check_depths
 from specdepth.adaptive.engine import EngineStats, Request, RequestError, RequestOutput, submit_all, validate_request
 from specdepth.adaptive.ray_local import init_ray
 from specdepth.adaptive.replica import FIT_KEYS, Progress, ReplicaConfig, Work, create_replica
@@ -168,6 +169,7 @@ class ClusterController:
         Raises:
             RuntimeError: a replica could not start.
         """
+        check_depths(policy, config.replica.max_depth)
         init_ray()
         self.config, self.policy, self.learn_cost = config, policy, learn_cost
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()

@@ -72,6 +72,14 @@ class _StepState:
     priors: Optional[Priors] = None  # the planning priors `plan` offered
 
 
+def check_depths(policy: DepthPolicy, max_depth: int) -> None:
+    """Raises ValueError where the policy's settings ask for a fixed depth past K (it would be clamped)."""
+    past = [k for k in policy.depths_asked() if k > max_depth]
+    if past:
+        raise ValueError(f"policy {policy.describe()} asks for depth {max(past)}, past the largest "
+                         f"draft budget K={max_depth} (--max-depth): lower it, or raise K")
+
+
 class Controller:
     def __init__(self, policy: DepthPolicy, max_depth: int, cost: Any = None, acceptance: Any = None,
                  learn_cost: bool = True, time_verify: bool | None = None) -> None:
@@ -83,10 +91,13 @@ class Controller:
             acceptance: an acceptance model (adaptive.acceptance); default: a fresh one.
             learn_cost: refine the cost model from measured step times (off for exact replays).
             time_verify: time the causal `verify` calls, for the policy's `StepOutcome` (default:
-                as `learn_cost`; a replica's controller times them for the controller it serves).
+                as `learn_cost`).
+        Raises:
+            ValueError: the policy asks for a fixed depth past max_depth (it would be clamped).
         """
         from specdepth.adaptive.acceptance import AcceptanceModel
         from specdepth.adaptive.cost_model import FixedCost
+        check_depths(policy, max_depth)
         self.policy = policy
         self.max_depth = max_depth
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)

@@ -17,6 +17,7 @@ replicas as Ray actors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -168,24 +169,25 @@ def result_object(prompt: str, o, tok) -> dict:
             "latency_s": round(o.t_done - o.t_submit, 6) if o.t_done else None}
 
 
-def emit_outputs(args, prompts: list[str], outs, tok) -> None:
+def emit_outputs(args, prompts: list[str], outs, tok, stream=None) -> None:
     """Every result in input order: text or --json on stdout, errors on stderr, --output's file.
 
     A failed request keeps its place: an empty line in text mode, an object with its error in
     --json and --output, so output i always answers prompt i.
     """
+    stream = stream or sys.stdout
     objs = [result_object(p, o, tok) for p, o in zip(prompts, outs)]
     for o, obj in zip(outs, objs):
         if o.error is not None:
             print(f"specdepth generate: error: {o.error}", file=sys.stderr)
         if args.json:
-            print(json.dumps(obj), flush=True)
+            print(json.dumps(obj), file=stream, flush=True)
         else:
             text = "" if o.error is not None else obj["text"]  # a failed request: an empty line
-            sys.stdout.write(text + ("\n" if len(outs) > 1 else ""))
-            sys.stdout.flush()
+            stream.write(text + ("\n" if len(outs) > 1 else ""))
+            stream.flush()
     if not args.json and len(outs) == 1:
-        sys.stdout.write("\n")
+        stream.write("\n")
     if getattr(args, "output", None) is not None:
         with open(args.output, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(obj) + "\n" for obj in objs)
@@ -226,8 +228,15 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
     """`specdepth generate --ray`: the same run as in-process, its replicas on Ray (see cmd_generate).
 
     `--cost auto` profiles replica 0's pair once (cached like the in-process run: SPECDEPTH_CACHE
-    or ~/.cache/specdepth) and every replica refines its own copy online.
+    or ~/.cache/specdepth) and every replica refines its own copy online. stdout carries the
+    results alone: whatever Ray prints of its workers goes to stderr.
     """
+    results = sys.stdout  # results only; Ray prints its workers' output to sys.stdout: to stderr here
+    with contextlib.redirect_stdout(sys.stderr):
+        return _run_ray_quiet(args, prompts, sampling, results)
+
+
+def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, results) -> int:
     import ray
 
     from specdepth.adaptive.cluster import ClusterConfig, ClusterController
@@ -262,7 +271,7 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
             t0 = time.perf_counter()
             outs = cc.run(reqs)
             wall = time.perf_counter() - t0
-            emit_outputs(args, prompts, outs, tok)
+            emit_outputs(args, prompts, outs, tok, results)
             print_summary(cc.stats, outs, wall, policy.describe(), cc.fallbacks)
     finally:
         if started:

@@ -51,6 +51,9 @@ class Bandit(DepthPolicy):
         self._max = 0.0  # running max reward (normaliser)
         self._pending: int | None = None  # arm planned for the step not yet observed
 
+    def depths_asked(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in self._depth)
+
     def choose(self) -> int:
         """Index of the arm to pull next."""
         unpulled = np.flatnonzero(self._n == 0)

@@ -173,6 +173,11 @@ class DepthPolicy:
     def observe(self, out: StepOutcome) -> None:
         return None
 
+    def depths_asked(self) -> tuple[int, ...]:
+        """The fixed depths this policy's settings ask for (static k, a table's k's, bandit arms):
+        the controller refuses settings past its largest budget K instead of clamping them."""
+        return ()
+
     @classmethod
     def overrides(cls, method: str) -> bool:
         return getattr(cls, method) is not getattr(DepthPolicy, method)

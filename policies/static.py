@@ -44,6 +44,9 @@ class Static(DepthPolicy):
     def __init__(self, k: int = 3) -> None:
         self.k = _check_depth(self.name, "k", k)
 
+    def depths_asked(self) -> tuple[int, ...]:
+        return (self.k,)
+
     def plan(self, ctx: PlanContext) -> np.ndarray:
         return uniform_budgets(ctx, self.k)  # (B,)
 
@@ -63,6 +66,9 @@ class VllmDisable(DepthPolicy):
         self.threshold = _check_depth(self.name, "threshold", threshold)
         if self.threshold < 1:
             raise ValueError(f"{self.name}: threshold must be >= 1, got {threshold}")
+
+    def depths_asked(self) -> tuple[int, ...]:
+        return (self.k,)
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
         k = 0 if ctx.batch_size >= self.threshold else self.k
@@ -132,6 +138,9 @@ class VllmTable(DepthPolicy):
         self.table = "/".join(f"{lo}-{hi}:{k}" for lo, hi, k in rows)  # normalised, for describe()
         self._lo = np.array([r[0] for r in rows], dtype=np.int64)  # (R,) range starts
         self._k = np.array([r[2] for r in rows], dtype=np.int64)  # (R,)
+
+    def depths_asked(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in self._k)
 
     def depth_for(self, batch_size: int) -> int:
         """k for a batch size: the last range starting at or below it (gaps inherit)."""

@@ -128,3 +128,46 @@ def test_prompts_must_be_a_readable_file(tmp_path, capsys, make):
     rc, out, err = generate(capsys, "--prompts", str(make(tmp_path)))
     errors = [line for line in err.splitlines() if "error:" in line]
     assert rc == 2 and len(errors) == 1 and "argument --prompts" in errors[0]
+
+
+def test_a_policy_past_max_depth_is_refused_not_clamped(capsys):
+    rc, out, err = generate(capsys, "--prompt", "def f(x):", "--policy", "static:k=20", "--max-depth", "8", *QUICK)
+    assert rc == 2 and out == ""
+    assert err.strip() == ("specdepth generate: error: policy static(k=20) asks for depth 20, past the largest "
+                           "draft budget K=8 (--max-depth): lower it, or raise K")
+
+
+NOISY = '''
+import numpy as np
+from specdepth.policies.base import DepthPolicy
+
+class Noisy(DepthPolicy):
+    name, params = "noisy", {}
+
+    def plan(self, ctx):
+        print("a line a replica prints on its stdout", flush=True)
+        return np.full(ctx.batch_size, 2)
+'''
+
+
+def test_ray_json_stdout_carries_results_only(tmp_path):
+    """A replica's own stdout (here a policy's print) goes to stderr, never among the JSON results."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "noisy.py").write_text(NOISY)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli", "generate", "--ray", "--json",
+                          "--prompts", str(_two_prompts(tmp_path)), "--policy", "noisy:Noisy", "--threads", "1",
+                          *QUICK], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["error"] is None for line in lines)
+    assert "a line a replica prints" in out.stderr
+
+
+def _two_prompts(tmp_path):
+    path = tmp_path / "two.txt"
+    path.write_text("def f(x):\nclass A:\n")
+    return path
