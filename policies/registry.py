@@ -2,7 +2,7 @@
 
 A policy spec is `name` or `name:key=value,key=value`, where name is
 
-- a built-in (`BUILTINS`, plus `dspark` and `vllm-adaptive`, imported on first use);
+- a built-in (`BUILTINS`, plus `dspark`, `vllm-adaptive` and `vllm-online`, imported on first use);
 - an installed plugin: an entry point in the group `specdepth.policies`, whose name is the policy
   name and whose value is `module:attr`;
 - `module:attr` (e.g. `mypkg.mod:MyPolicy`), imported directly.
@@ -23,11 +23,14 @@ from typing import Any
 
 from specdepth.policies.bandit import Bandit
 from specdepth.policies.base import DepthPolicy
+from specdepth.policies.early_exit import EarlyExit
 from specdepth.policies.hf import HfConfidence, HfHeuristic
+from specdepth.policies.nightjar import Nightjar
 from specdepth.policies.oracle import Oracle
 from specdepth.policies.sglang import SglangAdaptive
 from specdepth.policies.specdecpp import SpecDecPP
 from specdepth.policies.static import Off, Static, VllmDisable, VllmTable
+from specdepth.policies.tetris import Tetris
 from specdepth.policies.turbospec import TurboSpec
 
 ENTRY_POINT_GROUP = "specdepth.policies"
@@ -45,6 +48,9 @@ BUILTINS: dict[str, type[DepthPolicy]] = {
         TurboSpec,
         Bandit,
         SglangAdaptive,
+        EarlyExit,
+        Tetris,
+        Nightjar,
         Oracle,  # replay only: needs PlanContext.oracle_match
     )
 }
@@ -52,6 +58,7 @@ BUILTINS: dict[str, type[DepthPolicy]] = {
 # Built-ins that live in modules of their own, imported only when asked for (they may pull in more).
 LAZY_BUILTINS: dict[str, str] = {
     "vllm-adaptive": "specdepth.policies.vllm_adaptive:VllmAdaptive",
+    "vllm-online": "specdepth.policies.vllm_online:VllmOnline",
     "dspark": "specdepth.policies.dspark:DSpark",
 }
 

@@ -23,6 +23,35 @@ from specdepth.policies.allocation import top_k_lengths
 from specdepth.policies.base import DepthPolicy, PlanContext, StepCost, StepOutcome, VerifyContext
 
 
+def budget_for_slots(slots: np.ndarray, num_reqs: int, draft_passes: int, cost: StepCost) -> int:
+    """B* = argmax_B (N + sum of the B highest slots) / (draft_passes * draft(N) + target(N + B)).
+
+    The budget rule of vLLM's adaptive verification, over any set of (request, position) survivals:
+    vllm-adaptive's (every request sharing the global EMA survivals) and vllm-online's (each
+    request its own).
+
+    Args:
+        slots: (S,) survivals of every (request, position) slot, in any order.
+        num_reqs: N, running requests.
+        draft_passes: sequential draft passes the step pays (the full block, K).
+        cost: start-up cost tables (queried with context_tokens = 0).
+
+    Returns:
+        B* in 0..S (ties: the smallest).
+    """
+    if num_reqs == 0 or slots.size == 0:
+        return 0
+    ranked = -np.sort(-np.clip(slots, 0.0, 1.0))  # (S,) descending
+    gain = np.empty(ranked.size + 1)  # (S+1,) expected emitted with B = 0..S slots
+    gain[0] = 0.0
+    np.cumsum(ranked, out=gain[1:])
+    gain += num_reqs
+    time = draft_passes * cost.draft_time(num_reqs, 0) + np.asarray(
+        cost.target_time(num_reqs + np.arange(ranked.size + 1), 0), np.float64
+    )
+    return int(np.argmax(gain / time))
+
+
 def slot_budget(survival: np.ndarray, num_reqs: int, cost: StepCost) -> int:
     """B* = argmax_B (N + sum of the B highest survivals) / (K * draft(N) + target(N + B)).
 
@@ -34,18 +63,7 @@ def slot_budget(survival: np.ndarray, num_reqs: int, cost: StepCost) -> int:
     Returns:
         B* in 0..N*K (ties: the smallest).
     """
-    depth = survival.size
-    if num_reqs == 0 or depth == 0:
-        return 0
-    slots = np.repeat(np.clip(survival, 0.0, 1.0), num_reqs)  # (N*K,) already descending
-    gain = np.empty(slots.size + 1)  # (N*K+1,) expected emitted with B = 0..N*K slots
-    gain[0] = 0.0
-    np.cumsum(slots, out=gain[1:])
-    gain += num_reqs
-    time = depth * cost.draft_time(num_reqs, 0) + np.asarray(
-        cost.target_time(num_reqs + np.arange(slots.size + 1), 0), np.float64
-    )
-    return int(np.argmax(gain / time))
+    return budget_for_slots(np.repeat(survival, num_reqs), num_reqs, survival.size, cost)
 
 
 def _fit(values: np.ndarray, depth: int, fill: float) -> np.ndarray:
