@@ -153,7 +153,7 @@ Mean match run (K = 8): **{res["mean_run"]:.3f}**. Position-1 acceptance when th
 probability is > 0.8: {res["p1_accept_top1_gt_0.8"]:.3f} ({res["frac_top1_gt_0.8"]:.0%} of positions);
 when < 0.4: {res["p1_accept_top1_lt_0.4"]:.3f} ({res["frac_top1_lt_0.4"]:.0%}).
 
-Training times are wall-clock on a 2-core machine shared with other work during this session
+Training times are wall-clock on a 2-core machine shared with other work while it trained
 (the target's ran at 1.0-1.2 s per step alone and up to 6 s per step under load); schedule:
 `python -m specdepth.experiments.train_pair --target-steps 1500 --draft-steps 900` (resumed across
 shorter schedules along the way; the seed and checkpoints make it resumable, not bit-reproducible).

@@ -21,11 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SMALL_M_MAX = 64  # most rows through oneDNN; at 128+ the two paths were even on the bundled pair
-MIN_WEIGHT = 1 << 18  # fewest weight elements: oneDNN costs ~25 us a call here whatever the size, so
-# at 384 x 384 the two were even and at 512 x 192 (the draft's MLP) oneDNN lost
+SMALL_M_MAX = 64  # most rows through oneDNN; past that the two paths are even
+MIN_WEIGHT = 1 << 18  # fewest weight elements: oneDNN's fixed cost a call outweighs its gain on smaller ones
 MAX_WEIGHT = 1 << 22  # most: the packed copy doubles a weight's memory, which a CPU user of a
-# multi-GB model would rather keep (oneDNN was faster there too: 4096 x 4096, 2 rows, 1.9 vs 4.4 ms)
+# multi-GB model would rather keep
 
 _available: bool | None = None  # probed once, on first use
 

@@ -3,9 +3,8 @@ replay simulator applies the same rule as the engine).
 
 A ragged batch whose padding adds at most `PAD_ALL` of its valid tokens runs every layer padded,
 as a full batch does (`workers.model.Transformer.forward`): per-token layers compute the padding
-too, and no layer gathers or scatters. On the bundled pair (2-core CPU) the gathers around each
-layer's attention cost more than that: a verify pass of 64 sequences with 124 of 128 tokens valid
-took 22.4-23.0 ms packed against 22.1-22.7 ms for all 128 valid. Such a pass computes the target's
+too, and no layer gathers or scatters: on a small model the gathers around each layer's attention
+cost more than computing that much padding. Such a pass computes the target's
 logits at every drafted position inside the padding anyway, so verifying them costs nothing:
 `free_verify` extends each sequence's verify length over them. Verifying more of what was drafted
 is lossless (any verify length is); the lengths depend on counts only, never on a drafted token.
