@@ -66,7 +66,7 @@ def read_prompts(path: Path) -> list[str | list[int]]:
                     isinstance(t, int) and not isinstance(t, bool) for t in prompt))
                 if not ok:
                     raise TypeError("prompt must be text or a list of token ids")
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, RecursionError) as e:  # JSON, digits, nesting
                 raise ValueError(f"{path}:{n}: expected a JSON object with a \"prompt\" field ({e})") from None
             out.append(prompt)
         else:

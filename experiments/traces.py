@@ -282,6 +282,8 @@ def load_traces(path: str | Path) -> TraceSet:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; nesting too deep
+            raise TraceError(path, n, f"not a trace line ({type(e).__name__}: {e})") from None
         try:
             if header is None:
                 header = _parse_header(obj)
