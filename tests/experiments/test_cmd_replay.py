@@ -64,7 +64,7 @@ def test_replay_reports_a_bad_trace_in_one_line(tmp_path, capsys):
     bad.write_text('{"kind": "specdepth-trace", "schema": 9}\n')
     assert cli("replay", "--trace", str(bad), "--policy", "off", "--concurrency", "1", "--no-progress") == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"specdepth replay: {bad}:1: trace schema 9") and "\n" not in err
+    assert err.startswith(f"specdepth replay: error: {bad}:1: trace schema 9") and "\n" not in err
 
 
 def test_tune_prints_a_vllm_table(trace, capsys):
