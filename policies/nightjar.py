@@ -43,6 +43,9 @@ class Nightjar(DepthPolicy):
         self.bandits: dict[int, Bandit] = {}  # bucket -> its bandit
         self._pending: Bandit | None = None  # the bandit that planned the step not yet observed
 
+    def depths_asked(self) -> tuple[int, ...]:
+        return parse_depths(self.arms, self.name)
+
     def plan(self, ctx: PlanContext) -> np.ndarray:
         bucket = bucket_of(ctx.batch_size)
         if bucket not in self.bandits:

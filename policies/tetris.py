@@ -7,6 +7,10 @@ cumulative acceptance of token j of request r is estimated by the product of the
 probabilities of tokens 1..j, which for a greedy draft is prod_{i<=j} top1_{r,i}: each factor is
 known before its token is chosen. Since the products fall with j, the greedy pick gives each
 request a prefix; ties go to the smaller position, then the smaller request (`top_k_lengths`).
+The controller asks position by position (policies/base.py), so position j is picked among the
+positions <= j of the batch: a position kept early stays kept when a later position of another
+request would have outranked it, and a step can verify a few tokens past the capacity (as
+vllm-adaptive's budget does here).
 
 The capacity is fixed, not priced: TETRIS is compared at equal capacity with standard speculation
 of window k on the same batch, so the capacity here is `capacity` draft tokens per running
@@ -39,6 +43,9 @@ class Tetris(DepthPolicy):
         if capacity < 0 or window < 1:
             raise ValueError(f"{self.name}: need capacity >= 0 and window >= 1; got capacity={capacity}, window={window}")
         self.capacity, self.window = int(capacity), int(window)
+
+    def depths_asked(self) -> tuple[int, ...]:
+        return (self.window,)
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
         return np.full(ctx.batch_size, min(self.window, ctx.max_depth), dtype=np.int64)

@@ -16,7 +16,7 @@ drafters without a confidence head (EAGLE3, MTP, DFlash). Its rule, as the PR de
 
 Constants the PR leaves open, and what is used: the model starts at the identity (w = 1, b = 0:
 confidence = max q, the uncalibrated signal vLLM uses for DFlash), and is refitted after every step
-by Newton steps on the log loss over the last `window` observations, with a unit L2 pull toward
+by damped Newton steps on the log loss over the last `window` observations, with a unit L2 pull toward
 the identity (it keeps the fit defined on one-class data and matters little once thousands of
 observations are held). A request with no stale confidences yet (first step) is sized with the mean
 stale survival of the others, or with the model's confidence at max q = `init_top1` when none has.
@@ -49,9 +49,16 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+def _penalised_loss(design: np.ndarray, y: np.ndarray, coef: np.ndarray, ridge: float) -> float:
+    z = design @ coef  # (n,)
+    # log(1 + e^z) - y z, summed: the log loss of y ~ sigmoid(z), computed without overflow
+    return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * ridge * np.sum((coef - _IDENTITY) ** 2))
+
+
 def fit_logistic(x: np.ndarray, y: np.ndarray, coef: np.ndarray, *, ridge: float, steps: int) -> np.ndarray:
     """Newton steps on the log loss of y ~ sigmoid(w * x + b), from `coef`, with an L2 pull of
     weight `ridge` toward the identity (w, b) = (1, 0), so a few observations move it little.
+    Each step is halved until the loss falls (a full Newton step can overshoot a logistic loss).
 
     Args:
         x: (n,) features; y: (n,) 0/1 labels; coef: (2,) start (w, b).
@@ -61,11 +68,19 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, coef: np.ndarray, *, ridge: float
     """
     design = np.stack([x, np.ones_like(x)], axis=1)  # (n, 2)
     coef = coef.astype(np.float64).copy()
+    loss = _penalised_loss(design, y, coef, ridge)
     for _ in range(steps):
         p = sigmoid(design @ coef)  # (n,)
         grad = design.T @ (p - y) + ridge * (coef - _IDENTITY)  # (2,)
         hess = (design * (p * (1.0 - p))[:, None]).T @ design + ridge * np.eye(2)  # (2, 2)
-        coef -= np.linalg.solve(hess, grad)
+        step = np.linalg.solve(hess, grad)  # (2,)
+        for _ in range(30):
+            trial = coef - step
+            trial_loss = _penalised_loss(design, y, trial, ridge)
+            if trial_loss <= loss:
+                coef, loss = trial, trial_loss
+                break
+            step = 0.5 * step
     return coef
 
 
