@@ -23,7 +23,6 @@ from typing import Any
 
 from specdepth.experiments.argtypes import int_range, non_negative_int, positive_int
 from specdepth.experiments.cli import report
-from specdepth.experiments.replay import load_arrivals, replay
 from specdepth.experiments.spec_types import (arrivals_csv, cost_spec, float_list, int_list, output_path,
                                               plot_path, policy_spec, trace_file)
 from specdepth.experiments.traces import TraceError, load_trace_files
@@ -73,6 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from specdepth.experiments.replay import load_arrivals, replay  # the simulator loads torch: not for --help
 
     try:
         traces = load_trace_files(args.trace)

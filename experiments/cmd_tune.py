@@ -19,7 +19,6 @@ import sys
 
 from specdepth.experiments.cli import report
 from specdepth.experiments.cmd_replay import _ints, add_load_args
-from specdepth.experiments.replay import replay
 from specdepth.experiments.traces import TraceError, TraceSet, load_trace_files
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
@@ -38,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def best_static(traces: TraceSet, cost: str, concurrency: int, k_max: int, max_batch: int = 256,
                 requests: int | None = None) -> tuple[int, list[float]]:
     """(best k, goodput of k = 0..k_max) at one closed-loop concurrency; ties: the smaller k."""
+    from specdepth.experiments.replay import replay  # the simulator loads torch: not for --help
     good = [replay(traces, f"static:k={k}", cost, concurrency=concurrency, max_batch=max_batch,
                    requests=requests).metrics["goodput_tok_s"] for k in range(k_max + 1)]
     return max(range(len(good)), key=lambda k: (good[k], -k)), good
