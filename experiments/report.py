@@ -45,7 +45,21 @@ SECTIONS: tuple[Section, ...] = (
             "The first 1000 requests of the Azure LLM code trace (arrivals, contexts and output lengths), "
             "its clock sped up by each rate scale; acceptance from the bundled pair's traces.",
             STAMPED.format(name="arrivals_code_h200") + f"{REPLAY} --cost h200 --arrivals code "
-            "--rate-scale 1,8,32,128,512 --policy ... --json experiments/results/arrivals_code_h200.jsonl"),
+            "--rate-scale 1,2,4,8,16,32,64,128,256,512 --policy ... --json experiments/results/arrivals_code_h200.jsonl"),
+    Section("synth_decay_h200", "Replay: a synthetic slowly decaying acceptance curve on the H200 roofline",
+            "`specdepth synth --out /tmp/x/synth_a.jsonl.gz --requests 100 --tokens 128 --seed 0 "
+            "--curve 0.94,0.86,0.8 --k-max 8` (code-like: long runs; mean match 4.0), replayed like the "
+            "bundled trace. Goodput in emitted tokens/s by closed-loop concurrency C.",
+            "specdepth synth --out /tmp/x/synth_a.jsonl.gz --requests 100 --tokens 128 --seed 0 --curve 0.94,0.86,0.8 "
+            "--k-max 8 && " + STAMPED.format(name="synth_decay_h200") + "specdepth replay --trace /tmp/x/synth_a.jsonl.gz "
+            "--cost h200 --concurrency 1,2,4,8,16,32,64,128,256 --policy ... --json experiments/results/synth_decay_h200.jsonl"),
+    Section("synth_steep_h200", "Replay: a synthetic steeply falling acceptance curve on the H200 roofline",
+            "`specdepth synth --out /tmp/x/synth_b.jsonl.gz --requests 100 --tokens 128 --seed 1 "
+            "--curve 0.7,0.5,0.35,0.25 --k-max 8` (chat-like: short runs; mean match 1.2), replayed like the "
+            "bundled trace.",
+            "specdepth synth --out /tmp/x/synth_b.jsonl.gz --requests 100 --tokens 128 --seed 1 --curve 0.7,0.5,0.35,0.25 "
+            "--k-max 8 && " + STAMPED.format(name="synth_steep_h200") + "specdepth replay --trace /tmp/x/synth_b.jsonl.gz "
+            "--cost h200 --concurrency 1,2,4,8,16,32,64,128,256 --policy ... --json experiments/results/synth_steep_h200.jsonl"),
     Section("replay_h200_llama8b", "Replay: on a measured H200 profile (8B Llama-shaped target, 1B draft)",
             "Cost from `experiments/profiles/h200-llama8b-1b-bf16.json`, written by `experiments/gpu_check.sh` "
             "(eager PyTorch passes, random weights of the right shapes).",
