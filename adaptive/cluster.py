@@ -17,8 +17,10 @@ recreates it. A replica that fails more than `max_failures` times is dropped and
 move to the others; with none left, RuntimeError. A round that takes longer than
 `step_timeout_s` kills (and so restarts) its actor.
 
-Metrics (ray.util.metrics, tag `replica`): acceptance length, verify-length histogram, goodput,
-policy fallbacks, emitted tokens, replica failures; off where Ray's metrics cannot be recorded.
+Metrics (ray.util.metrics, tag `replica`): acceptance length, per-position acceptance,
+verify-length histogram (the depth chosen), step time, goodput, emitted tokens, running sequences,
+policy fallbacks, replica failures, and the queue length; off where Ray's metrics cannot be
+recorded.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class _Metrics:
             self.fallbacks = m.Counter("specdepth_policy_fallbacks_total", "policy faults fallen back", tags)
             self.emitted = m.Counter("specdepth_emitted_tokens_total", "emitted tokens", tags)
             self.failures = m.Counter("specdepth_replica_failures_total", "replica deaths and errors", tags)
+            self.position = m.Gauge("specdepth_position_acceptance",
+                                    "P(draft position j accepted | j-1 accepted), cumulative", ("replica", "position"))
+            self.step_time = m.Histogram("specdepth_step_seconds", "draft + target time of one step",
+                                         [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0], tags)
+            self.running = m.Gauge("specdepth_running_sequences", "sequences a replica holds", tags)
+            self.queue = m.Gauge("specdepth_queue_length", "requests waiting for a replica slot")
             self.on = True
         except Exception as e:  # noqa: BLE001 - metrics are optional
             log.info("ray metrics off: %s", e)
@@ -432,11 +440,20 @@ class ClusterController:
         faults = sum(rep.fallbacks.values())
         new_faults, rep.faults_reported = faults - rep.faults_reported, faults
         verified = [int(d) for obs in prog.observations for d in obs[3]]
+        step_s = [] if prog.stats is None else [row[2] + row[3] for row in prog.stats.step_log]
+        pv, pa = rep.stats.pos_verified, rep.stats.pos_accepted
+        positions = [(j, float(pa[j] / pv[j])) for j in range(len(pv)) if pv[j]]
 
         def record() -> None:
             m.accept.set(rep.stats.acceptance_length, tags)
             for d in verified:
                 m.verify.observe(d, tags)
+            for s in step_s:
+                m.step_time.observe(s, tags)
+            for j, rate in positions:
+                m.position.set(rate, {"replica": tags["replica"], "position": str(j + 1)})
+            m.running.set(len(rep.seqs), tags)
+            m.queue.set(len(self.queue))
             m.goodput.set(emitted / max(wall_s, 1e-9), tags)
             m.emitted.inc(emitted, tags)
             if new_faults:
