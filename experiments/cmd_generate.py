@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdepth.experiments.argtypes import (existing_file, existing_path, float_range, int_range,
-                                            non_negative_int, output_file, positive_int)
+from specdepth.experiments.argtypes import existing_file, float_range, int_range, output_file, positive_int
+from specdepth.experiments import spec_types
 from specdepth.experiments.prompts import read_prompts as read_prompts_file
 
 MAX_DEPTH_LIMIT = 64  # --max-depth's upper bound: far past any useful draft, small enough to allocate
@@ -36,17 +36,13 @@ FINISH_REASONS = ("length", "eos", "context", "error")  # as RequestOutput.finis
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that runs models."""
-    p.add_argument("--target", type=_model_path, default=None,
+    p.add_argument("--target", type=spec_types.model_path, default=None,
                    help="target: specdepth .safetensors or HF folder (default: bundled; with --draft)")
-    p.add_argument("--draft", type=_model_path, default=None,
+    p.add_argument("--draft", type=spec_types.model_path, default=None,
                    help="draft: specdepth .safetensors or HF folder (default: bundled; with --target)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
-
-
-def _model_path(text: str) -> str:
-    """A model path that exists, kept as text (PairSpec and the loaders take str)."""
-    return str(existing_path(text))
+    p.add_argument("--device", type=spec_types.device_spec, default=None,
+                   help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--threads", type=spec_types.threads, default=0, help="torch CPU threads (0: torch's default)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

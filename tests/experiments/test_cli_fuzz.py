@@ -25,10 +25,9 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from specdepth.adaptive.cost_model import FixedCost
@@ -43,22 +42,6 @@ LONG = int(os.environ.get("SPECDEPTH_FUZZ_EXAMPLES", "0"))  # > 0: every command
 def fuzz_settings(examples: int) -> settings:
     return settings(max_examples=LONG or examples, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-# Failures this test found in code outside the CLI glue it checks (generate's flags, the library),
-# left for their owners: each has an xfail test at the end, and the fuzz cases skip only its
-# exact pattern, so that every other failure still shows.
-def _flag(argv: list[str], flag: str) -> str | None:
-    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
-
-
-KNOWN_FAILURES: dict[str, tuple[str, Callable[[list[str]], bool]]] = {
-    "generate-device-cuda": ("generate", lambda argv: (_flag(argv, "--device") or "").startswith("cuda")),
-}
-
-
-def known_failure(command: str, argv: list[str]) -> bool:
-    return any(cmd == command and match(argv) for cmd, match in KNOWN_FAILURES.values())
 
 
 # ---- garbage and valid files, made once ------------------------------------------------------
@@ -366,19 +349,14 @@ GENERATE = st.one_of(
 @fuzz_settings(20)
 @given(argv=GENERATE)
 def test_fuzz_generate(files, argv):
-    assume(not known_failure("generate", argv))
     rc, out, err, ran = run_case(["generate", *argv], files)
     check(rc, out, err, ran)
     if "--json" in ran and "-h" not in ran and rc in (0, 1):
         check_json_lines(out, err)
 
 
-# ---- the known failures, one argv each (see KNOWN_FAILURES) -----------------------------------
-@pytest.mark.xfail(strict=True, reason="generate --device cuda:N where there is no such GPU: torch's "
-                   "AssertionError 'Torch not compiled with CUDA enabled' (or an invalid device ordinal) "
-                   "surfaces as an internal error, exit 1; generate's --device has no type= check "
-                   "(cmd_generate is not this test's file)")
-def test_known_generate_device_cuda(files):
+def test_generate_on_a_device_this_machine_lacks_is_a_flag_error(files):
     argv = ["generate", "--prompt", "def f(x):", "--max-new-tokens", "1", "--cost",
             "fixed:target_ms=10,draft_ms=1", "--device", "cuda:7"]
-    check(*run_case(argv, files))
+    rc, out, err, _ = run_case(argv, files)
+    assert rc == 2 and "argument --device" in err and "Traceback" not in err
