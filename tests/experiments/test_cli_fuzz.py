@@ -45,6 +45,15 @@ def fuzz_settings(examples: int) -> settings:
 
 
 # ---- garbage and valid files, made once ------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def elsewhere(tmp_path_factory):
+    """Every case runs in a scratch folder: a relative path a case writes never lands in the checkout."""
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(here)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("fuzz")
