@@ -12,15 +12,17 @@ GET /v1/models, GET /health, GET /debug/replicas (replica pids, for fault tests)
 """
 
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects
+import asyncio
 import logging
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
+from specdepth.adaptive.serve_loopback import keep_replica_grpc_on_loopback
 from specdepth.adaptive.serve_protocol import ApiError, CompletionParams, ServerLimits, parse_completion
 from specdepth.adaptive.serve_router import Router
 from specdepth.adaptive.serve_setup import ServeOptions, build_cluster, chat_renderer, load_tokenizer
@@ -72,6 +74,7 @@ class SpecdepthServer:
     """The ingress: checks requests, admits them (bounded), streams their committed text."""
 
     def __init__(self, options: ServeOptions) -> None:
+        keep_replica_grpc_on_loopback()  # before Serve starts this replica's gRPC server
         self.opts = options
         self.tok = load_tokenizer(options.target)
         self.chat = chat_renderer(options.target)
@@ -81,6 +84,8 @@ class SpecdepthServer:
         self.router = Router(cluster)
         self.metrics = _Metrics()
         self.created = int(time.time())
+        self.open = 0  # HTTP responses in progress (a stream counts until its last chunk)
+        self.draining = False  # shutting down: new requests get 503
 
     def __del__(self) -> None:
         router = getattr(self, "router", None)
@@ -91,6 +96,16 @@ class SpecdepthServer:
         """Serve's health check: a cluster that failed for good makes this replica unhealthy."""
         if self.router.error is not None:
             raise RuntimeError(self.router.error)
+
+    async def drain(self, timeout_s: float = 30.0) -> int:
+        """Refuse new requests (503) and wait for the ones in progress to end; returns how many
+        had not ended after `timeout_s` (what `specdepth serve` calls on SIGTERM)."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while (self.open or self.router.pending) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the last chunks on their way through the proxy
+        return self.open + self.router.pending
 
     # ---- small endpoints --------------------------------------------------------------------
     @api.get("/health")
@@ -143,17 +158,23 @@ class SpecdepthServer:
     async def _serve(self, params: CompletionParams, chat: bool) -> Any:
         if self.router.error is not None:
             raise ApiError(f"the server cannot serve: {self.router.error}", status=503, type_="server_error")
+        if self.draining:
+            raise ApiError("the server is shutting down", status=503, type_="server_error", code="shutting_down")
         if self.router.pending + len(params.prompts) > self.opts.queue_limit:
             raise ApiError(f"the server is at capacity ({self.opts.queue_limit} requests); retry after "
                            f"{RETRY_AFTER_S} s", status=429, type_="rate_limit_error", code="server_busy")
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         job = Job(self, cid, params)
+        self.open += 1
         if params.stream:
-            return StreamingResponse(sse(job, chat), media_type="text/event-stream",
+            return StreamingResponse(self._counted(sse(job, chat)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         texts = [""] * len(params.prompts)
-        async for i, piece, _ in job.events():
-            texts[i] += piece
+        try:
+            async for i, piece, _ in job.events():
+                texts[i] += piece
+        finally:
+            self.open -= 1
         if job.error is not None:
             raise ApiError(f"generation failed: {job.error}", status=500, type_="server_error")
         n_prompt = sum(len(p) for p in params.prompts)
@@ -167,6 +188,14 @@ class SpecdepthServer:
                        for i, t in enumerate(texts)]
         return {"id": cid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.limits.model_name, "choices": choices, "usage": usage}
+
+    async def _counted(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        """A stream that counts as open (for `drain`) until its last chunk."""
+        try:
+            async for c in chunks:
+                yield c
+        finally:
+            self.open -= 1
 
 
 def build_app(args: Optional[dict] = None) -> Any:

@@ -23,6 +23,7 @@ from specdepth.experiments.argtypes import float_range, int_range, non_negative_
 from specdepth.experiments.cmd_generate import MAX_DEPTH_LIMIT, add_model_args
 
 APP_NAME = "specdepth"
+DRAIN_S = 30.0  # how long SIGINT/SIGTERM waits for requests in flight
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(0.5):
             pass
         print("specdepth serve: draining and shutting down", file=sys.stderr, flush=True)
+        _drain(serve)
         return 0
     finally:
         for s, h in old.items():
@@ -120,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
         _shutdown(serve, ray, started)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _drain(serve) -> None:
+    """New requests get 503; wait up to DRAIN_S for those in flight to finish."""
+    try:
+        left = serve.get_app_handle(APP_NAME).drain.remote(DRAIN_S).result(timeout_s=DRAIN_S + 10)
+    except Exception as e:  # noqa: BLE001 - shutting down regardless
+        print(f"specdepth serve: drain: {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    if left:
+        print(f"specdepth serve: {left} requests still running after {DRAIN_S:.0f} s; cutting them",
+              file=sys.stderr)
 
 
 def _shutdown(serve, ray, started: bool) -> None:

@@ -248,11 +248,54 @@ def test_replica_killed_mid_stream(server, tok):
     assert after[0]["failures"] == before[0]["failures"] + 1 and after[0]["pid"] != before[0]["pid"]
 
 
-def test_sigterm_exits_and_leaves_no_ray(server):
-    base, proc, _ = server
+def _listening() -> dict[int, str]:
+    """Socket inode -> local address of every listening TCP socket on the machine (/proc/net)."""
+    import ipaddress
+    out = {}
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] != "0A":  # LISTEN
+                continue
+            raw = bytes.fromhex(cols[1].split(":")[0])
+            # the kernel prints each 32-bit word in host (little-endian) order
+            addr = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            out[int(cols[9])] = str(ipaddress.ip_address(addr))
+    return out
+
+
+def test_every_listener_is_loopback(server):
+    from specdepth.adaptive.ray_local import is_loopback
+    _, proc, _ = server
+    listening, wide = _listening(), []
+    for pid in {proc.pid, *_descendants(proc.pid)}:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            inode = int(link[8:-1]) if link.startswith("socket:[") else None
+            if inode in listening and not is_loopback(listening[inode]):
+                wide.append((Path(f"/proc/{pid}/comm").read_text().strip(), listening[inode]))
+    assert listening and wide == []
+
+
+def test_sigterm_drains_exits_and_leaves_no_ray(server, tok):
+    base, proc, ref = server
+    out: list = [None]
+    first = threading.Event()
+    stream = threading.Thread(target=_stream_text, args=(base, PROMPTS[5], LONG, out, 0, first))
+    stream.start()
+    assert first.wait(30)
     tree = _descendants(proc.pid)
     assert tree  # the embedded Ray: gcs_server, raylet, workers
     proc.send_signal(signal.SIGTERM)
+    stream.join(60)
+    assert out == [tok.decode(ref[PROMPTS[5]])]  # the stream in flight finished whole
     assert proc.wait(60) == 0
     assert proc.stdout.read() == b""  # the URL line goes to stderr; stdout stays empty
     deadline = time.monotonic() + 10
