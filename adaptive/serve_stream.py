@@ -34,10 +34,13 @@ class Job:
         self.streams = [TextStream(server.tok, params.stop) for _ in params.prompts]
         self.finish: list[Optional[str]] = [None] * len(params.prompts)
         self.error: Optional[str] = None
-        self.t0 = time.perf_counter()
 
     def _put(self, item: tuple) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        """From the router thread; never raises into the cluster's round (a closed loop: dropped)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            pass
 
     async def events(self) -> AsyncIterator[tuple[int, str, Optional[str]]]:
         """(prompt index, new text, finish reason or None) as rounds commit tokens.

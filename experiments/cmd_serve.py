@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     # after ray.init, which installs handlers of its own that would exit without cleaning up
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if started:
+            _check_resources(ray, opts.replicas)
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(SpecdepthServer.bind(opts), name=APP_NAME, route_prefix="/", blocking=False)
         ready.set()
@@ -122,6 +124,20 @@ def run(args: argparse.Namespace) -> int:
         _shutdown(serve, ray, started)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _check_resources(ray, replicas: int) -> None:
+    """An embedded Ray that cannot hold every replica would wait for them forever: refuse instead.
+
+    Raises:
+        ValueError: naming --replicas and what each replica needs (one CPU; one GPU where there are GPUs).
+    """
+    res = ray.cluster_resources()
+    need = {"CPU": replicas, **({"GPU": replicas} if res.get("GPU", 0) > 0 else {})}
+    short = [f"{n:g} {kind}s (this machine's Ray has {res.get(kind, 0):g})" for kind, n in need.items()
+             if res.get(kind, 0) < n]
+    if short:
+        raise ValueError(f"--replicas {replicas} needs " + " and ".join(short) + ": one per replica")
 
 
 def _drain(serve) -> None:

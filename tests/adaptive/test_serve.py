@@ -66,33 +66,49 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture(scope="module")
-def server():
-    """(base URL, Popen, reference {prompt: token ids}) for one running `specdepth serve`."""
+def launch(*flags: str) -> tuple[subprocess.Popen, str, str]:
+    """Start `specdepth serve FLAGS` on a free loopback port: (process, base URL, its log file)."""
     port = _free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli", "serve", "--cost", COST,
-                             "--port", str(port), "--replicas", "2", "--max-queue", str(MAX_QUEUE)],
-                            stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+                             "--port", str(port), *flags], stdout=subprocess.PIPE, stderr=log, env=env,
+                            start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}", log.name
+
+
+def wait_ready(proc: subprocess.Popen, log: str, timeout_s: float = 120) -> None:
+    """Until the server prints its ready line; fails with its log's tail if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while "Ctrl-C or SIGTERM" not in Path(log).read_text(errors="replace"):
+        assert proc.poll() is None, Path(log).read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, f"the server did not come up in {timeout_s:.0f} s"
+        time.sleep(0.25)
+
+
+def stop(proc: subprocess.Popen, log: str) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    os.unlink(log)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(base URL, Popen, reference {prompt: token ids}) for one running `specdepth serve`."""
+    proc, base, log = launch("--replicas", "2", "--max-queue", str(MAX_QUEUE))
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     gen = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli", "generate", "--prompts", f.name,
                           "--max-new-tokens", str(LONG), "--cost", COST, "--json"],
-                         capture_output=True, text=True, timeout=120, env=env)
+                         capture_output=True, text=True, timeout=120)
+    os.unlink(f.name)
     assert gen.returncode == 0, gen.stderr
     ref = {o["prompt"]: o["token_ids"] for o in map(json.loads, gen.stdout.splitlines())}
-    deadline = time.monotonic() + 120
-    while "Ctrl-C or SIGTERM" not in Path(log.name).read_text(errors="replace"):
-        assert proc.poll() is None, Path(log.name).read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the server did not come up in 120 s"
-        time.sleep(0.25)
-    yield f"http://127.0.0.1:{port}", proc, ref
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    os.unlink(log.name)
-    os.unlink(f.name)
+    wait_ready(proc, log)
+    yield base, proc, ref
+    stop(proc, log)
 
 
 @pytest.fixture(scope="module")
