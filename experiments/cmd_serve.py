@@ -13,6 +13,7 @@ in flight (up to 30 s), shuts Serve down, and stops the Ray it started. For an e
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -100,14 +101,19 @@ def run(args: argparse.Namespace) -> int:
         if not ready.is_set():  # still starting: interrupt it, then clean up
             raise KeyboardInterrupt
 
+    # Ray's and Serve's INFO lines (a local instance started, replicas added, each request) would
+    # bury the one line that matters; warnings and errors still show
     started = init_ray(host=args.ray_host)
+    for name in ("ray", "ray.serve"):  # after ray.init, which sets their levels
+        logging.getLogger(name).setLevel(logging.WARNING)
     # after ray.init, which installs handlers of its own that would exit without cleaning up
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if started:
             _check_resources(ray, opts.replicas)
-        serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(SpecdepthServer.bind(opts), name=APP_NAME, route_prefix="/", blocking=False)
+        quiet = {"log_level": "WARNING"}
+        serve.start(http_options={"host": args.host, "port": args.port}, logging_config=quiet)
+        serve.run(SpecdepthServer.bind(opts), name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet)
         ready.set()
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"specdepth serve: {opts.name} on http://{shown}:{args.port}/v1 "
