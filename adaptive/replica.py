@@ -51,6 +51,7 @@ class ReplicaConfig:
     num_gpus: Optional[float] = None  # per actor; None: 1 if the cluster has GPUs, else 0
     num_cpus: float = 1.0  # per actor, for Ray's scheduling
     max_restarts: int = 2  # Ray restarts of a dead actor before the cluster recreates it
+    compile: str = "off"  # the passes' path: auto, on or off (workers/compiled.py)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1 or self.max_depth < 0 or self.max_restarts < 0 or self.num_cpus < 0:
@@ -110,7 +111,7 @@ class Replica:
         self.device = resolve_device(config.device)
         target, draft, self.eos_ids, self.name = config.pair.load(self.device)
         self.runner = PairRunner(target, draft, config.n_slots, config.max_depth, config.sampling,
-                                 seed=config.seed + index, max_len=config.max_len)
+                                 seed=config.seed + index, max_len=config.max_len, compile=config.compile)
         self.ctl: Optional[Controller] = None
         if policy is not None:
             # copies: arrays that come through Ray are read-only, and the cost model learns in place
@@ -142,7 +143,7 @@ class Replica:
     def profile(self, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
         """Time this replica's pair (`adaptive.profiler.profile`); returns the ProfiledCost dict."""
         from specdepth.adaptive.profiler import profile
-        return profile(self.runner.target, self.runner.draft, quick=quick, repeats=repeats).to_dict()
+        return profile(self.runner.target_pass, self.runner.draft_pass, quick=quick, repeats=repeats).to_dict()
 
     def set_cost(self, cost: Any) -> None:
         """Replace this replica's cost model (it goes on refining its own copy)."""

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdepth.workers.compiled import compile_pair
 from specdepth.workers.drafting import KeepFn, draft_loop
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer
@@ -56,7 +57,11 @@ class StepResult:
 class PairRunner:
     def __init__(self, target: Transformer, draft: Transformer, n_slots: int, max_depth: int,
                  sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, compile: str = "off",
+                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, progress: bool = False) -> None:
+        """Args beyond the obvious: compile: the passes' path, auto|on|off (`workers/compiled.py`);
+        buckets: (batch sizes, tokens per sequence) to compile instead of the defaults;
+        progress: a progress bar on stderr while compiling."""
         if target.cfg.vocab_size != draft.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({target.cfg.vocab_size})")
@@ -72,6 +77,9 @@ class PairRunner:
         self.sampling = sampling
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.seqs: dict[int, list[int]] = {}  # slot -> committed tokens (prompt + generated)
+        # the step's passes: the models themselves, or their compiled forwards (same call, same results)
+        self.target_pass, self.draft_pass, self.compile_summary = compile_pair(
+            target, draft, self.tcache, self.dcache, compile, max_depth, progress, buckets)
 
     @property
     def vocab_size(self) -> int:
@@ -146,7 +154,7 @@ class PairRunner:
         inp[:, 1:] = tokens[:, :D]
         d_t = torch.tensor(verify, device=self.device)
         t_fwd = time.perf_counter()
-        logits = self.target(self.tcache, seq_t, inp, d_t + 1)  # (B, D + 1, V)
+        logits = self.target_pass(self.tcache, seq_t, inp, d_t + 1)  # (B, D + 1, V)
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
         target_s = time.perf_counter() - t_fwd
@@ -193,7 +201,7 @@ class PairRunner:
                 inp = tokens[rows_t, j - 1][:, None]  # (b, 1)
                 n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
             # (b, V): x_{j+1}'s distribution, the LM head run on each row's last token only
-            last = self.draft(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
+            last = self.draft_pass(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
             ok = np.ones(len(rows), bool)
             if not bool(torch.isfinite(last).all()):
                 bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")

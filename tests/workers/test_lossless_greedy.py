@@ -8,6 +8,7 @@ causal forward (no cache), so it shares no code with the cached, ragged, rolled-
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from specdepth.adaptive.engine import Engine, Request
@@ -23,12 +24,15 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
-def test_greedy_speculation_matches_target_only_decoding():
+# the compiled path (workers/compiled.py) at one bucket per model: every pass pads to it, so a
+# couple of graphs are compiled per pair and the whole test runs through them
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
+def test_greedy_speculation_matches_target_only_decoding(compile):
     target, draft = tiny_pair(noise=0.15)
     rng = np.random.default_rng(0)
     reqs = [Request(f"r{i}", rng.integers(0, 96, int(rng.integers(1, 24))).tolist(), int(rng.integers(1, 33)))
             for i in range(200)]
-    engine = Engine(PairRunner(target, draft, n_slots=16, max_depth=8),
+    engine = Engine(PairRunner(target, draft, n_slots=16, max_depth=8, compile=compile, buckets=((16,), (9,))),
                     lambda ids, lens: rng.integers(0, 9, len(ids)))
     outs = engine.run(reqs)
     st = engine.stats
@@ -44,12 +48,13 @@ def test_greedy_speculation_matches_target_only_decoding():
         assert out.output_ids == reference_greedy(target, req.prompt_ids, req.max_new_tokens), req.request_id
 
 
-def test_off_and_static_agree_exactly():
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
+def test_off_and_static_agree_exactly(compile):
     target, draft = tiny_pair(noise=0.15, seed=3)
     rng = np.random.default_rng(1)
     reqs = [Request(f"r{i}", rng.integers(0, 96, int(rng.integers(1, 10))).tolist(), 20) for i in range(12)]
     outs = {}
     for k in (0, 1, 4, 8):
-        eng = Engine(PairRunner(target, draft, n_slots=5, max_depth=8), lambda ids, lens, k=k: np.full(len(ids), k))
+        eng = Engine(PairRunner(target, draft, n_slots=5, max_depth=8, compile=compile, buckets=((5,), (9,))), lambda ids, lens, k=k: np.full(len(ids), k))
         outs[k] = [o.output_ids for o in eng.run(reqs)]
     assert outs[0] == outs[1] == outs[4] == outs[8]

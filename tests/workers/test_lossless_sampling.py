@@ -35,13 +35,16 @@ def exact_marginals(target, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]
     return first, later
 
 
-def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, policy=None) -> np.ndarray:
+def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, policy=None,
+                        compile: str = "off") -> np.ndarray:
     """(N_SAMPLES, LATER) tokens from speculative sampling with a sampled draft.
 
     With `policy`, depths come from it through the real Controller (plan, early stop, causal verify).
+    `compile`: the passes' path; compiled at one bucket (every pass padded to it), shared by the tests.
     """
     batch = 2000
-    runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed)
+    runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed, compile=compile,
+                        buckets=((batch,), (1, 5)))
     out, step = [], 0
 
     def leaking_verify(top1, ent, drafted):  # decides whether to verify x_1 after looking at it: NOT lossless
@@ -85,28 +88,31 @@ def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
 
 
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
-def test_speculative_sampling_matches_target(pair, sp):
+def test_speculative_sampling_matches_target(pair, sp, compile):
     target, draft = pair
     first, later = exact_marginals(target, sp)
-    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11)
+    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11, compile=compile)
     p1, p3 = p_values(samples, first, later)
     print(f"\n{sp}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
     assert p1 >= 0.01 and p3 >= 0.01
 
 
-def test_negative_control_leaking_rule_is_caught(pair):
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
+def test_negative_control_leaking_rule_is_caught(pair, compile):
     target, draft = pair
     sp = SamplingParams(1.0)
     first, later = exact_marginals(target, sp)
-    samples = speculative_samples(target, draft, sp, depth=1, leak=True, seed=12)
+    samples = speculative_samples(target, draft, sp, depth=1, leak=True, seed=12, compile=compile)
     p1, _ = p_values(samples, first, later)
     print(f"\nleaking rule: p(first) = {p1:.3g}")
     assert p1 < 1e-6
 
 
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("spec", ["dspark", "random"])
-def test_adaptive_policies_keep_sampling_lossless(pair, spec):
+def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile):
     from specdepth.adaptive.controller import Controller
     from specdepth.adaptive.cost_model import FixedCost
     from specdepth.policies.registry import make_policy
@@ -116,7 +122,7 @@ def test_adaptive_policies_keep_sampling_lossless(pair, spec):
     policy = RandomPolicy(5) if spec == "random" else make_policy(spec)
     ctl = Controller(policy, max_depth=4, cost=FixedCost(target_ms=10, draft_ms=1))
     first, later = exact_marginals(target, sp)
-    samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl)
+    samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl, compile=compile)
     p1, p3 = p_values(samples, first, later)
     print(f"\n{spec}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
     assert p1 >= 0.01 and p3 >= 0.01
