@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from specdepth.adaptive.serve_loopback import keep_replica_grpc_on_loopback
-from specdepth.adaptive.serve_protocol import ApiError, CompletionParams, ServerLimits, parse_completion
+from specdepth.adaptive.serve_protocol import ApiError, CompletionParams, ServerLimits, parse_completion, prompt_ids
 from specdepth.adaptive.serve_router import Router
 from specdepth.adaptive.serve_setup import ServeOptions, build_cluster, chat_renderer, load_tokenizer
 from specdepth.adaptive.serve_stream import Job, read_json, sse
@@ -149,8 +149,7 @@ class SpecdepthServer:
                 prompt = self.chat(msgs)
             except Exception as e:  # noqa: BLE001 - the template's own raise_exception or a render error
                 raise ApiError(f"the chat template refused these messages: {e}", "messages") from None
-            probe = dict(body, prompt=prompt)
-            ids = parse_completion(probe, self.tok, self.limits).prompts
+            ids = prompt_ids({"prompt": prompt}, self.tok, self.limits)
             return await self._serve(parse_completion(body, self.tok, self.limits, prompts=ids), chat=True)
         except ApiError as e:
             return _error(e)

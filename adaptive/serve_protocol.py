@@ -86,7 +86,7 @@ def check_sampling(body: dict, limits: ServerLimits) -> None:
                        "the server starts (specdepth serve --seed)", "seed")
 
 
-def _prompts(body: dict, tokenizer: Any, limits: ServerLimits) -> list[list[int]]:
+def prompt_ids(body: dict, tokenizer: Any, limits: ServerLimits) -> list[list[int]]:
     """`prompt`: a string, a list of strings, a list of token ids, or a list of those."""
     p = body.get("prompt")
     if p is None:
@@ -120,6 +120,9 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
                      prompts: Optional[list[list[int]]] = None) -> CompletionParams:
     """Check a /v1/completions body (or a chat body, whose rendered `prompts` are given).
 
+    `max_tokens` defaults to 16 for completions (as OpenAI's) and, for chat, to the rest of the
+    context.
+
     Raises:
         ApiError: naming the offending parameter.
     """
@@ -140,12 +143,12 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
             raise ApiError(f"'{name}' is not supported", name)
     if body.get("echo"):
         raise ApiError("'echo' is not supported", "echo")
-    ids = prompts if prompts is not None else _prompts(body, tokenizer, limits)
+    ids = prompts if prompts is not None else prompt_ids(body, tokenizer, limits)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, name, 16, int)
+    longest = max(len(x) for x in ids)
+    max_tokens = _number(body, name, 16 if prompts is None else limits.max_len - longest, int)
     if max_tokens <= 0:
         raise ApiError(f"'{name}' must be >= 1, got {max_tokens}", name)
-    longest = max(len(x) for x in ids)
     if longest + max_tokens > limits.max_len:
         raise ApiError(f"'{name}' {max_tokens} with a prompt of {longest} tokens exceeds the context of "
                        f"{limits.max_len} tokens", name, code="context_length_exceeded")

@@ -189,3 +189,9 @@ def test_router_cancel_and_cluster_failure():
     with pytest.raises(RuntimeError):
         router.submit(Request("late", [1], 1), on_done)
     router.stop()
+
+
+def test_max_tokens_defaults_to_16_and_for_chat_to_the_rest_of_the_context():
+    assert parse_completion({"model": "m", "prompt": "abc"}, ByteTok(), LIMITS).max_tokens == 16
+    chat = parse_completion({"model": "m", "messages": []}, ByteTok(), LIMITS, prompts=[[1, 2, 3]])
+    assert chat.max_tokens == LIMITS.max_len - 3
