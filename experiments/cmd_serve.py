@@ -60,6 +60,9 @@ def _options(args: argparse.Namespace):
     if args.cost != "auto":
         from specdepth.adaptive.cost_model import parse_cost
         parse_cost(args.cost)  # a typo fails before anything starts
+    from specdepth.policies.registry import make_policy
+    if getattr(make_policy(args.policy), "replay_only", False):
+        raise ValueError(f"--policy {args.policy}: needs the future (true match lengths): replay only")
     return ServeOptions(target=args.target, draft=args.draft, replicas=args.replicas, policy=args.policy,
                         max_batch=args.max_batch, max_depth=args.max_depth, cost=args.cost,
                         model_name=args.model_name, max_queue=args.max_queue, round_steps=args.round_steps,
