@@ -87,10 +87,11 @@ def test_empty_and_large_batches(name: str) -> None:
 
 def test_policies_import_numpy_only() -> None:
     code = (
-        "import sys; from policies.registry import list_policies, make_policy; import policies.testing; "
-        "[make_policy(n) for n, _, _ in list_policies()]; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'ray', 'adaptive', 'workers', 'experiments')); print(bad); sys.exit(bool(bad))"
+        "import sys; from specdepth.policies.registry import list_policies, make_policy; "
+        "import specdepth.policies.testing; [make_policy(n) for n, _, _ in list_policies()]; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray') or "
+        "m.split('.')[:2] in (['specdepth', 'adaptive'], ['specdepth', 'workers'], ['specdepth', 'experiments'])); "
+        "print(bad); sys.exit(bool(bad))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
