@@ -64,15 +64,18 @@ def load_pair(target: str | Path | None = None, draft: str | Path | None = None,
     for p in (tpath, dpath):
         if not p.exists():
             raise FileNotFoundError(f"no model at {p} (specdepth never downloads; give a local path)")
+    if tpath.is_dir() and dpath.is_dir():
+        from specdepth.workers.hf_loader import check_same_tokenizer
+        check_same_tokenizer(dpath, tpath)  # before the weights: a wrong pair fails at once
     t, d = _load_one(tpath, device), _load_one(dpath, device)
     if tpath.is_dir():
-        from specdepth.workers.hf_loader import check_same_vocab, load_hf_tokenizer
+        from specdepth.workers.hf_loader import load_hf_tokenizer, shared_rows
         tok = load_hf_tokenizer(tpath)
         if dpath.is_dir():
-            check_same_vocab(load_hf_tokenizer(dpath), tok)
+            shared_rows(tok, t.cfg.vocab_size, d.cfg.vocab_size)  # padded rows may differ; real ids may not
     else:
         tok = Tokenizer(tpath.parent / "tokenizer.json")
-    if t.cfg.vocab_size != d.cfg.vocab_size:
+    if t.cfg.vocab_size != d.cfg.vocab_size and not (tpath.is_dir() and dpath.is_dir()):
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size} tokens, {dpath}) differs from the target's "
                          f"({t.cfg.vocab_size} tokens, {tpath}): they must share one")
     return Pair(t, d, tok, f"{tpath}|{dpath}")

@@ -281,3 +281,43 @@ def check_same_vocab(draft: VocabHolder, target: VocabHolder) -> None:
             examples = ", ".join(f"{t!r}: draft {dv.get(t)} target {tv.get(t)}" for t in diff[:5])
             raise ValueError(f"draft and target tokenizers map {len(diff)} tokens to different ids "
                              f"(e.g. {examples})")
+
+
+TOKENIZER_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder")
+
+
+def check_same_tokenizer(draft_dir: str | Path, target_dir: str | Path) -> None:
+    """Check that two checkpoints carry the same tokenizer: their tokenizer.json files agree in
+    every part that maps text to ids and back (vocabulary, merges, added tokens, normalizer,
+    pre-tokenizer, post-processor, decoder). Sizes alone are not enough: two tokenizers of one size
+    may number their tokens differently.
+
+    Raises:
+        FileNotFoundError: a folder without tokenizer.json.
+        ValueError: naming the parts that differ.
+    """
+    parts = []
+    for d in (draft_dir, target_dir):
+        path = _existing_dir(d) / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {d}: cannot check that draft and target share one")
+        parts.append(_read_json(path))
+    diff = [k for k in TOKENIZER_PARTS if parts[0].get(k) != parts[1].get(k)]
+    if diff:
+        raise ValueError(f"draft ({draft_dir}) and target ({target_dir}) tokenizers differ in their "
+                         f"{', '.join(diff)}: a draft must use the target's tokenizer")
+
+
+def shared_rows(tokenizer: Tokenizer, target_rows: int, draft_rows: int) -> int:
+    """The embedding rows a draft and a target of one tokenizer share: their smaller count, as
+    padded checkpoints (Qwen2.5-0.5B's 151,936 rows against 7B's 152,064) differ only past the
+    tokenizer's own ids.
+
+    Raises:
+        ValueError: a model with fewer rows than the tokenizer has ids.
+    """
+    n = tokenizer.vocab_size
+    for name, rows in (("target", target_rows), ("draft", draft_rows)):
+        if rows < n:
+            raise ValueError(f"the {name} has {rows} embedding rows, fewer than its tokenizer's {n} ids")
+    return min(target_rows, draft_rows)

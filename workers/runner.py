@@ -62,10 +62,10 @@ class PairRunner:
         """Args beyond the obvious: compile: the passes' path, auto|on|off (`workers/compiled.py`);
         buckets: (batch sizes, tokens per sequence) to compile instead of the defaults;
         progress: a progress bar on stderr while compiling."""
-        if target.cfg.vocab_size != draft.cfg.vocab_size:
-            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
-                             f"({target.cfg.vocab_size})")
         self.target, self.draft = target, draft
+        # the ids both models have rows for: padded checkpoints of one tokenizer differ past them
+        # (workers/hf_loader.py checks the tokenizers); the draft proposes only these
+        self.shared_vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.device = target.device
         self.max_depth = max_depth
         self.max_len = min(max_len or target.cfg.max_seq_len, target.cfg.max_seq_len, draft.cfg.max_seq_len)
@@ -202,6 +202,7 @@ class PairRunner:
                 n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
             # (b, V): x_{j+1}'s distribution, the LM head run on each row's last token only
             last = self.draft_pass(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
+            last = last[:, :self.shared_vocab]  # (b, V_shared)
             ok = np.ones(len(rows), bool)
             if not bool(torch.isfinite(last).all()):
                 bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
@@ -211,9 +212,9 @@ class PairRunner:
             if self.sampling.greedy:
                 tokens[rows, j] = top  # the argmax: greedy drafting needs no probabilities
             else:
-                q = probs_from_logits(last, self.sampling)  # (b, V)
+                q = probs_from_logits(last, self.sampling)  # (b, V_shared)
                 tokens[rows, j] = sample(q, self.gen)
-                qprobs[rows, j] = q
+                qprobs[rows, j, :self.shared_vocab] = q  # 0 on target ids the draft lacks
             return p1.cpu().numpy(), h.cpu().numpy(), ok
 
         return tokens, qprobs, draft_loop(budgets, draft_pass, keep_fn)
