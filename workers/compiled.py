@@ -84,6 +84,8 @@ class _StaticForward(nn.Module):
         hd, (B, T), S = cfg.hd, tokens.shape, mask.shape[-1]
         rep = cfg.n_heads // cfg.n_kv_heads
         cos, sin = m.rope_cos[pos], m.rope_sin[pos]  # (B, T, hd)
+        layer_ix = torch.arange(cfg.n_layers, device=tokens.device)  # (L,)
+        heads = torch.arange(cfg.n_kv_heads, device=tokens.device)  # (nkv,)
         x = F.embedding(tokens, m.embed.weight)  # (B, T, dim)
         for i, blk in enumerate(m.layers):
             a, mlp = blk.attn, blk.mlp
@@ -94,8 +96,11 @@ class _StaticForward(nn.Module):
             if a.q_norm is not None:
                 q, k = a.q_norm(q), a.k_norm(k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            kc[i][wslots, :, wpos] = k.to(kc.dtype)  # (B, T, nkv, hd) into the cache
-            vc[i][wslots, :, wpos] = v.to(vc.dtype)
+            # one index_put_ on the whole cache (no view of it): inductor writes it in place, where
+            # a write through kc[i] made it copy the cache back every call
+            where = (layer_ix[i], wslots[:, :, None], heads[None, None, :], wpos[:, :, None])  # (B, T, nkv) each
+            kc.index_put_(where, k.to(kc.dtype))  # (B, T, nkv, hd) into the cache
+            vc.index_put_(where, v.to(vc.dtype))
             keys, values = kc[i][slots, :, :S], vc[i][slots, :, :S]  # (B, nkv, S, hd)
             qg = q.transpose(1, 2).reshape(B, cfg.n_kv_heads, rep * T, hd)  # (B, nkv, rep*T, hd)
             y = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # (B, nkv, rep*T, hd)
