@@ -20,11 +20,15 @@ from specdepth.adaptive.engine import Engine, Request
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 from specdepth.workers.bundled import heldout_prompts, load_pair
 from specdepth.workers.kv_cache import KVCache
+from specdepth.workers.compiled import buckets
 from specdepth.workers.runner import PairRunner
+
+K = 8  # the deepest fixed depth timed
+PASSES: dict = {"compile": "off", "buckets": None}  # the passes' path for every runner (`--compile`, set in main)
 
 
 def run_fixed(pair, prompts_ids, batch: int, depth: int, new_tokens: int) -> tuple[float, float, float]:
-    runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=max(depth, 1))
+    runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=max(depth, 1), **PASSES)
     eng = Engine(runner, lambda ids, lens: np.full(len(ids), depth), eos_ids=())
     reqs = [Request(str(i), prompts_ids[i % len(prompts_ids)], new_tokens, ignore_eos=True) for i in range(batch)]
     for r in reqs:
@@ -85,6 +89,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=str(default_out("bench_engine")), help="stamped JSON result (results_io)")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="off",
+                    help="compiled passes (auto: where a start-up timing finds them faster)")
     args = ap.parse_args()
     meta = stamp()
     tables, notes = [], []
@@ -93,6 +99,12 @@ def main() -> None:
     if args.random:
         for m in (pair.target, pair.draft):
             m.init_weights(0)
+    PASSES["buckets"] = (buckets(64), (1, 2, 4, K + 1))  # one set for every runner, compiled once
+    probe = PairRunner(pair.target, pair.draft, n_slots=64, max_depth=K, compile=args.compile,
+                       buckets=PASSES["buckets"], progress=True)
+    PASSES["compile"] = "off" if probe.target_pass is pair.target else "on"
+    print(probe.compile_summary)
+    notes.append(probe.compile_summary)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in heldout_prompts(64)]
     setup = (f"target {pair.target.num_params() / 1e6:.1f}M params, draft {pair.draft.num_params() / 1e6:.2f}M; "
@@ -111,7 +123,7 @@ def main() -> None:
                         ["d", "d", ".1f", ".2f", ".2f"]))
 
     grid = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-    curve = forward_curve(pair.target, grid)
+    curve = forward_curve(probe.target_pass, grid)
     print("\ntarget forward time vs step tokens N (context 128 per sequence)")
     print("    N   ms/pass   us/token")
     for n, t in zip(grid, curve):
@@ -125,10 +137,10 @@ def main() -> None:
     print("  batch  rows                   tokens  B x T    ms/pass  vs all-1")
     ragged = []
     for b in (16, 64):
-        base = ragged_pass(pair.target, [1] * b)
+        base = ragged_pass(probe.target_pass, [1] * b)
         for name, rows in (("all 1", [1] * b), ("one 9, rest 1", [9] + [1] * (b - 1)), ("all 2", [2] * b),
                            ("half 5, half 1", [5] * (b // 2) + [1] * (b // 2))):
-            t = base if name == "all 1" else ragged_pass(pair.target, rows)
+            t = base if name == "all 1" else ragged_pass(probe.target_pass, rows)
             print(f"  {b:5d}  {name:20s}  {sum(rows):6d}  {b * max(rows):5d}  {t * 1e3:8.2f}  {t / base:7.2f}x",
                   flush=True)
             ragged.append([b, name, sum(rows), b * max(rows), t * 1e3, t / base])
@@ -143,7 +155,7 @@ def main() -> None:
     for depth in (0, 2):
         res = {}
         for gen_len in (64, 512):
-            runner = PairRunner(pair.target, pair.draft, n_slots=16, max_depth=2, max_len=1024)
+            runner = PairRunner(pair.target, pair.draft, n_slots=16, max_depth=2, max_len=1024, **PASSES)
             slots = np.array(runner.add_many(short))
             while min(len(runner.seqs[s]) - 16 for s in slots) < gen_len:
                 runner.step(slots, np.zeros(16, np.int64))  # plain decoding up to the length (untimed)

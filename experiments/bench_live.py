@@ -64,6 +64,12 @@ POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "
     + [f"bare:k={k}" for k in range(3)]
 K = 8
 BARE = "bare:k="  # a static depth served with no controller (module doc)
+PASSES: dict = {"compile": "off", "buckets": None}  # the passes' path for every runner (`--compile`, set in main)
+
+
+def runner(pair, n_slots: int, max_len: int | None = None) -> PairRunner:
+    """A PairRunner on the benchmark's passes (compiled ones shared by every runner)."""
+    return PairRunner(pair.target, pair.draft, n_slots=n_slots, max_depth=K, max_len=max_len, **PASSES)
 
 
 class Fixed:
@@ -80,7 +86,7 @@ def warm_up(pair, prompts: list[list[int]], cost: CostModel) -> tuple[Acceptance
     """Acceptance statistics from a static k = K run on warm-up prompts (every position observed),
     and the cost model as that run refined it (the machine's speed, the time outside the passes)."""
     ctl = Controller(make_policy(f"static:k={K}"), K, cost=copy.deepcopy(cost))
-    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=32, max_depth=K), ctl)
+    eng = Engine(runner(pair, 32), ctl)
     eng.run([Request(f"w{i}", p, 48, ignore_eos=True) for i, p in enumerate(prompts)])
     ctl.acceptance.reset_metrics()
     return ctl.acceptance, ctl.cost
@@ -93,15 +99,14 @@ def make_engine(pair, spec: str, batch: int, cost: CostModel, acc: AcceptanceMod
     sequence numbers continued, so the policy's state reads as one run). `bare:k=N`: no
     controller (None)."""
     if spec.startswith(BARE):
-        eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len),
-                     Fixed(int(spec.removeprefix(BARE))))
+        eng = Engine(runner(pair, batch, max_len), Fixed(int(spec.removeprefix(BARE))))
         if start is not None:
             eng.step_no, eng.seq_no = start.step_no, start.seq_no
         return eng, None
     policy, cost, acc = (make_policy(spec), cost, acc) if start is None else \
         (start.ctl.policy, start.ctl.cost, start.ctl.acceptance)
     ctl = Controller(copy.deepcopy(policy), K, cost=copy.deepcopy(cost), acceptance=copy.deepcopy(acc))
-    eng = Engine(PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=K, max_len=max_len), ctl)
+    eng = Engine(runner(pair, batch, max_len), ctl)
     if start is not None:
         eng.step_no, eng.seq_no = start.step_no, start.seq_no
     return eng, ctl
@@ -251,6 +256,8 @@ def main() -> None:
     ap.add_argument("--solo", type=int, default=1,
                     help="solo runs of dspark per batch size, each alone on the machine (0: none; see `solo_runs`)")
     ap.add_argument("--out", default=str(default_out("bench_live")), help="stamped JSON result (results_io)")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="off",
+                    help="compiled passes for every policy (auto: where a start-up timing finds them faster)")
     args = ap.parse_args()
     meta = stamp()
     torch.set_num_threads(args.threads)
@@ -258,12 +265,22 @@ def main() -> None:
     tok = pair.tokenizer
     allp = [tok.encode(p) for p in heldout_prompts()]
     warm, prompts = allp[-args.warmup:], allp[:-args.warmup]
-    cost = build_cost("auto", pair, args.device)
+    batches = [int(b) for b in args.batches.split(",")]
+    # one set of buckets for every runner (up to the largest batch and the warm-up's 32), compiled once;
+    # the profile is taken on the passes that serve (cached per path)
+    from specdepth.workers.compiled import buckets
+    PASSES["buckets"] = (buckets(max(batches + [32])), tuple(sorted({1, 2, 4, K + 1})))
+    probe = PairRunner(pair.target, pair.draft, n_slots=max(batches + [32]), max_depth=K, compile=args.compile,
+                       buckets=PASSES["buckets"], progress=True)
+    PASSES["compile"] = "off" if probe.target_pass is pair.target else "on"
+    print(probe.compile_summary, flush=True)
+    meta["compile"] = {"asked": args.compile, "summary": probe.compile_summary}
+    cost = build_cost("auto", pair, args.device, probe)
+    del probe
     t0 = time.perf_counter()
     acc, cost = warm_up(pair, warm, cost)
     print(f"warm-up: {len(warm)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
     policies = args.policies.split(",")
-    batches = [int(b) for b in args.batches.split(",")]
     # a few steps of every policy first: compiled kernels (policies/kernels.py) load or compile on first use
     run_round(pair, policies, warm[:2], 2, 4, 4, cost, acc, random.Random(1))
     runs: dict[tuple[str, int], list[float]] = {}

@@ -45,6 +45,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=spec_types.threads, default=0, help="torch CPU threads (0: torch's default)")
 
 
+def add_compile_arg(p: argparse.ArgumentParser) -> None:
+    """--compile: the passes' path (workers/compiled.py), for every command that runs the pair."""
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="off",
+                   help="compiled passes (torch.compile; CUDA graphs on GPU): auto uses them where a "
+                   "start-up timing finds them faster; the first compile is cached on disk (default: off)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text with adaptive speculative decoding",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "SPECDEPTH_RAY_HOST); give the machine's address only to let other machines join")
     p.add_argument("--replicas", type=positive_int, default=1, help="Ray replicas (with --ray)")
     add_model_args(p)
+    add_compile_arg(p)
     p.set_defaults(func=run)
 
 
@@ -96,8 +104,9 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     return read_prompts_file(args.prompts)
 
 
-def build_cost(spec: str, pair, device: str):
-    """The cost model: a spec, or `auto` = this machine's profile of this pair (cached)."""
+def build_cost(spec: str, pair, device: str, runner=None):
+    """The cost model: a spec, or `auto` = this machine's profile of this pair (cached), taken on
+    the runner's passes (compiled or eager: the path is part of the cache key)."""
     from specdepth.adaptive.cost_model import parse_cost
     if spec != "auto":
         return parse_cost(spec)
@@ -105,13 +114,15 @@ def build_cost(spec: str, pair, device: str):
     from specdepth.adaptive.profiler import profile
     cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
     # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py);
-    # v6: few-token passes on CPU through oneDNN (workers/linear.py)
-    key = f"profile-v6-{pair.name.replace('/', '_').replace('|', '__')}-{device}.json"
+    # v6: few-token passes on CPU through oneDNN (workers/linear.py); v7: the passes' path in the key
+    target, draft = (pair.target, pair.draft) if runner is None else (runner.target_pass, runner.draft_pass)
+    path_name = "eager" if target is pair.target else "compiled"
+    key = f"profile-v7-{pair.name.replace('/', '_').replace('|', '__')}-{device}-{path_name}.json"
     path = cache / key
     if path.exists():
         return load_cost(path)
     print(f"profiling the pair on {device} (once; cached at {path}) ...", file=sys.stderr)
-    cost = profile(pair.target, pair.draft, device, quick=False, repeats=5, progress=True)
+    cost = profile(target, draft, device, quick=False, repeats=5, progress=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cost.to_json())
     return cost
@@ -141,9 +152,11 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair(args.target, args.draft, args.device)
     device = str(pair.target.device)
     tok = pair.tokenizer
-    cost = build_cost(args.cost, pair, device)
     runner = PairRunner(pair.target, pair.draft, n_slots=min(args.max_batch, max(1, len(prompts))),
-                        max_depth=args.max_depth, sampling=sampling, seed=args.seed)
+                        max_depth=args.max_depth, sampling=sampling, seed=args.seed, compile=args.compile,
+                        progress=True)
+    print(runner.compile_summary, file=sys.stderr)
+    cost = build_cost(args.cost, pair, device, runner)
     engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
     reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
@@ -246,7 +259,7 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
     started = init_ray(host=args.ray_host)
     tok = _tokenizer(args.target)
     rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
-                       seed=args.seed, device=args.device or "auto", threads=args.threads,
+                       seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile,
                        n_slots=max(1, min(args.max_batch, -(-len(prompts) // max(args.replicas, 1)))))
     policy = make_policy(args.policy)
     try:
@@ -256,7 +269,7 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
             else:
                 info = cc.infos[0]
                 cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-                path = cache / f"profile-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}.json"
+                path = cache / f"profile-v7-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}-compile-{args.compile}.json"
                 if not path.exists():
                     print(f"profiling the pair on {info['device']} (once; cached at {path}) ...", file=sys.stderr)
                     path.parent.mkdir(parents=True, exist_ok=True)

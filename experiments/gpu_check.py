@@ -1,13 +1,16 @@
 """GPU readiness: profile an 8B Llama-shaped target (random init, bf16, no download) and a 1B
-draft on this GPU, write the cost table, and run the greedy losslessness tests on the device.
+draft on this GPU, eagerly and on the compiled path (CUDA graphs), write the cost tables, run the
+losslessness tests on the device on both paths, and a short live benchmark of the bundled pair.
 
     python -m specdepth.experiments.gpu_check --out DIR        # on a GPU: the full check
     python -m specdepth.experiments.gpu_check --out DIR --tiny # tiny sizes (automatic on a CPU)
 
-Writes DIR/profile-<size>-<dtype>-<device>.json (a ProfiledCost: `--cost` reuses this GPU's
-curve in replays), DIR/lossless.log and DIR/gpu_check.json, and prints a short table: step time
-against step tokens, the knee, the draft pass, and the tests' result. Timings are synchronised
-(adaptive.profiler calls torch.cuda.synchronize around every timed forward).
+Writes DIR/profile-<size>-<dtype>-<device>[-compiled].json (ProfiledCosts: `--cost` reuses this
+GPU's curves in replays), DIR/lossless.log, DIR/bench_live.json (+ .log) and DIR/gpu_check.json,
+and prints a short table per path: step time against step tokens, the knee, the draft pass, and
+the tests' result. Timings are synchronised (adaptive.profiler calls torch.cuda.synchronize around
+every timed forward). The compiled profile takes a smaller grid (each shape is one graph to
+compile and capture); tiny mode (the CPU test) profiles eagerly and runs the eager tests only.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ TINY_DRAFT = ModelConfig(vocab_size=256, dim=32, n_layers=1, n_heads=4, n_kv_hea
 FULL_GRID = dict(token_grid=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048), ctx_grid=(0, 1024, 4096, 16384),
                  draft_batch_grid=(1, 2, 4, 8, 16, 32, 64, 128), repeats=5)
 TINY_GRID = dict(token_grid=(1, 8, 64), ctx_grid=(0, 256), draft_batch_grid=(1, 8), repeats=2)
+# the compiled path's grid: the batch-1 goals (1-token pass, 8-token verify, draft pass) and a few more
+COMPILED_GRID = dict(token_grid=(1, 2, 4, 8, 16, 32), ctx_grid=(0, 4096), draft_batch_grid=(1, 4, 16), repeats=5,
+                     tokens_per_seq=8)
+# bench_live on the bundled pair: off, static depths, dspark; small enough for the 8-minute budget
+BENCH = ["--batches", "1,16", "--rounds", "1", "--warmup", "32", "--warm-steps", "16", "--steps", "48",
+         "--tokens", "32", "--solo", "0", "--policies", "off,static:k=2,static:k=4,static:k=6,dspark"]
 
 
 @contextmanager
@@ -65,9 +74,11 @@ def random_model(cfg: ModelConfig, device: str, dtype: torch.dtype, seed: int) -
     return model.eval()
 
 
-def run_lossless_tests(device: str, out: Path, select: str | None) -> dict:
-    """pytest tests/workers/test_lossless_greedy.py with SPECDEPTH_DEVICE=device (tests/pairs.py)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/workers/test_lossless_greedy.py"]
+def run_lossless_tests(device: str, out: Path, select: str | None, sampling: bool) -> dict:
+    """pytest tests/workers/test_lossless_greedy.py (and with `sampling`, test_lossless_sampling.py),
+    eager and compiled (CUDA graphs on a GPU), with SPECDEPTH_DEVICE=device (tests/pairs.py)."""
+    files = ["tests/workers/test_lossless_greedy.py"] + (["tests/workers/test_lossless_sampling.py"] if sampling else [])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     if select:
         cmd += ["-k", select]
     env = dict(os.environ, SPECDEPTH_DEVICE=device, PYTHONPATH=str(REPO))
@@ -79,6 +90,29 @@ def run_lossless_tests(device: str, out: Path, select: str | None) -> dict:
     return {"returncode": proc.returncode, "seconds": round(wall, 1), **counts}
 
 
+def run_bench_live(device: str, out: Path, timeout_s: float) -> dict:
+    """bench_live on `device`, compiled, for off, static depths and dspark (`BENCH`)."""
+    cmd = [sys.executable, "-m", "specdepth.experiments.bench_live", "--device", device, "--compile", "on",
+           "--out", str(out / "bench_live.json"), *BENCH]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                              text=True, timeout=timeout_s)
+        rc, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = "timeout", f"{e.stdout or ''}{e.stderr or ''}\nstopped after {timeout_s:.0f} s"
+    (out / "bench_live.log").write_text(text if isinstance(text, str) else text.decode())
+    return {"returncode": rc, "seconds": round(time.perf_counter() - t0, 1), "json": str(out / "bench_live.json")}
+
+
+def batch1_goals(eager, compiled) -> dict:
+    """The issue's batch-1 figures per path: one-token and 8-token target passes, the draft pass (ms)."""
+    return {name: {"target_1_ms": round(float(c.target_time(1)) * 1e3, 3),
+                   "target_8_ms": round(float(c.target_time(8)) * 1e3, 3),
+                   "draft_1_ms": round(float(c.draft_time(1)) * 1e3, 3)}
+            for name, c in (("eager", eager), ("compiled", compiled)) if c is not None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")),
@@ -86,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="cuda, cuda:1, cpu (auto: cuda when available)")
     ap.add_argument("--tiny", action="store_true", help="tiny models and grid (automatic on a CPU)")
     ap.add_argument("--skip-tests", action="store_true", help="profile only")
+    ap.add_argument("--skip-compiled", action="store_true", help="no compiled profile (automatic in tiny mode)")
+    ap.add_argument("--bench-timeout", type=float, default=150.0, help="seconds bench_live may take (GPU only)")
     ap.add_argument("--tests", default=None, help="pytest -k expression for the losslessness tests "
                     "(default: all on a GPU, the quick one in tiny mode)")
     args = ap.parse_args(argv)
@@ -106,18 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     size = "tiny" if tiny else "llama8b-1b"
     path = args.out / f"profile-{size}-{str(dtype).removeprefix('torch.')}-{device.replace(':', '')}.json"
     cost.save(path)
+    comp, comp_path, t_comp = None, None, 0.0
+    if not (tiny or args.skip_compiled):
+        t1 = time.perf_counter()
+        comp = profile(target, draft, device, compile="on", progress=True, **COMPILED_GRID)
+        t_comp = time.perf_counter() - t1
+        comp_path = path.with_name(path.stem + "-compiled.json")
+        comp.save(comp_path)
     del target, draft
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     tests = None if args.skip_tests else run_lossless_tests(
-        device, args.out, args.tests if args.tests is not None else ("off_and_static" if tiny else None))
+        device, args.out, args.tests if args.tests is not None else ("off_and_static and eager" if tiny else None),
+        sampling=not tiny)
+    bench = run_bench_live(device, args.out, args.bench_timeout) if device.startswith("cuda") else None
     result = {"device": device, "tiny": tiny, "dtype": str(dtype), "profile": str(path),
-              "build_s": round(t_build, 1), "profile_s": round(t_prof, 1), "knee_ctx0": cost.knee(0),
+              "profile_compiled": str(comp_path) if comp_path else None,
+              "build_s": round(t_build, 1), "profile_s": round(t_prof, 1), "profile_compiled_s": round(t_comp, 1),
+              "knee_ctx0": cost.knee(0),
               "target_ms_ctx0": {int(n): round(float(cost.target_time(int(n))) * 1e3, 3) for n in cost.token_grid},
-              "draft_ms_batch1": round(cost.draft_time(1) * 1e3, 3), "lossless_tests": tests}
+              "draft_ms_batch1": round(cost.draft_time(1) * 1e3, 3), "batch1": batch1_goals(cost, comp),
+              "lossless_tests": tests, "bench_live": bench}
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
     print(summary(cost))
-    print(f"\nbuilt in {t_build:.1f} s, profiled in {t_prof:.1f} s; wrote {path}")
+    if comp is not None:
+        print("\ncompiled path (CUDA graphs):\n" + summary(comp))
+    print(f"\nbuilt in {t_build:.1f} s, profiled in {t_prof:.1f} s (compiled: {t_comp:.1f} s); wrote {path}")
+    print(f"batch 1 (ms): {json.dumps(result['batch1'])}")
+    if bench is not None:
+        print(f"bench_live on {device}: returncode {bench['returncode']}, {bench['seconds']} s; log {args.out / 'bench_live.log'}")
     if tests is not None:
         ok = tests["returncode"] == 0
         print(f"losslessness tests on {device}: {'PASS' if ok else 'FAIL'} "

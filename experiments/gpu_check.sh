@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU readiness check (see experiments/gpu_check.py): profile an 8B Llama-shaped random target in
-# bf16, run the losslessness tests on the GPU, write results to $OUT (or the folder given).
+# bf16 eagerly and with CUDA graphs (compiled path), run the losslessness tests on the GPU on both
+# paths, run bench_live --device cuda --compile on (off, static depths, dspark), write results to
+# $OUT (or the folder given). Sized for about 8 minutes of an H200; tiny mode on a CPU.
 #   bash experiments/gpu_check.sh [OUT_DIR] [extra gpu_check.py flags, e.g. --tiny]
 set -euo pipefail
 cd "$(dirname "$0")/.."
