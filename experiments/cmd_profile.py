@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-grid", type=int_list(0, CTX_LIMIT, increasing=True), default=None,
                    help=f"total context tokens, increasing, 0 to {CTX_LIMIT}: e.g. 0,1024,4096")
     p.add_argument("--threads", type=threads, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="off",
+                   help="time the compiled passes (auto: where a start-up timing finds them faster)")
     p.set_defaults(func=run)
 
 
@@ -59,8 +61,15 @@ def run(args: argparse.Namespace) -> int:
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     pair = load_pair()
     target, draft = (m.to(device=device, dtype=dtype).eval() for m in (pair.target, pair.draft))
+    compile_on = args.compile == "on"
+    if args.compile == "auto":  # the runner's start-up timing decides, as `generate` does
+        from specdepth.workers.runner import PairRunner
+        probe = PairRunner(target, draft, n_slots=1, max_depth=8, compile="auto", progress=True)
+        print(probe.compile_summary)
+        compile_on = probe.target_pass is not target
     cost = profile(target, draft, device, token_grid=args.token_grid or TOKEN_GRID,
-                   ctx_grid=args.ctx_grid or CTX_GRID, repeats=args.repeats, quick=args.quick, progress=True)
+                   ctx_grid=args.ctx_grid or CTX_GRID, repeats=args.repeats, quick=args.quick, progress=True,
+                   compile="on" if compile_on else "off")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cost.save(args.out)
     print(summary(cost))
