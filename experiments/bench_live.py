@@ -266,11 +266,11 @@ def main() -> None:
     allp = [tok.encode(p) for p in heldout_prompts()]
     warm, prompts = allp[-args.warmup:], allp[:-args.warmup]
     batches = [int(b) for b in args.batches.split(",")]
-    # one set of buckets for every runner (up to the largest batch and the warm-up's 32), compiled once;
-    # the profile is taken on the passes that serve (cached per path)
+    # one set of buckets for every runner (up to the largest measured batch; the warm-up's larger
+    # passes run eagerly), compiled once; the profile is taken on the passes that serve (cached per path)
     from specdepth.workers.compiled import buckets
-    PASSES["buckets"] = (buckets(max(batches + [32])), tuple(sorted({1, 2, 4, K + 1})))
-    probe = PairRunner(pair.target, pair.draft, n_slots=max(batches + [32]), max_depth=K, compile=args.compile,
+    PASSES["buckets"] = (buckets(max(batches)), tuple(sorted({1, 2, 4, K + 1})))
+    probe = PairRunner(pair.target, pair.draft, n_slots=max(batches), max_depth=K, compile=args.compile,
                        buckets=PASSES["buckets"], progress=True)
     PASSES["compile"] = "off" if probe.target_pass is pair.target else "on"
     print(probe.compile_summary, flush=True)
