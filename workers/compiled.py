@@ -25,13 +25,11 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer, apply_rope
 
@@ -137,11 +135,11 @@ class CompiledModel:
             raise AttributeError(name)
         return getattr(self.model, name)
 
-    def _bucket(self, n: int, options: tuple[int, ...]) -> Optional[int]:
+    def _bucket(self, n: int, options: tuple[int, ...]) -> int | None:
         return next((b for b in options if b >= n), None)
 
     def __call__(self, cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor, n_new: torch.Tensor,
-                 logits: bool = True, last: bool = False) -> Optional[torch.Tensor]:
+                 logits: bool = True, last: bool = False) -> torch.Tensor | None:
         """`Transformer.forward`'s contract; padding rows of the (B, T, V) result are meaningless."""
         B, T = tokens.shape
         Bb, Tb = self._bucket(B, self.batch_buckets), self._bucket(T, self.width_buckets)
@@ -175,7 +173,8 @@ class CompiledModel:
         rows = np.arange(Bb) * Tb + (np.concatenate([n_new, np.ones(Bb - B, np.int64)]) - 1 if last else 0)
         tok = torch.zeros((Bb, Tb), dtype=torch.long, device=dev)
         tok[:B, :T] = tokens
-        t = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev)
         mask_t = t(mask)
         torch._dynamo.maybe_mark_dynamic(mask_t, 3)
         kc, vc = cache.k, cache.v
@@ -268,7 +267,7 @@ def compile_pair(target: Transformer, draft: Transformer, tcache: KVCache, dcach
         tc.warm_up(tcache, False, progress, "compiling the target (cached on disk after the first run)")
         dc.warm_up(dcache, True, progress, "compiling the draft")
         took = time.perf_counter() - t0
-    except Exception as e:  # no C compiler, an unsupported op, ...: eager still computes the same thing
+    except Exception as e:  # noqa: BLE001 -- no C compiler, an unsupported op, ...: eager still computes the same thing
         msg = f"compiled passes unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); running eagerly"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         return target, draft, f"compiled passes: off ({msg})"

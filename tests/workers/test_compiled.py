@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from specdepth.workers import compiled as compiled_mod
 from specdepth.workers.compiled import buckets, compile_pair, compiled
 from specdepth.workers.kv_cache import KVCache
+
 from tests.pairs import tiny_pair
 
 BATCHES, WIDTHS = (4,), (4,)
@@ -55,7 +55,7 @@ def _compare(model, fast, passes: int, rng: np.random.Generator) -> None:
 
 
 def test_compiled_forward_matches_eager_on_ragged_batches(pair):
-    target, draft = pair
+    target, _ = pair
     fast = compiled(target, BATCHES, WIDTHS)
     _compare(target, fast, 12, np.random.default_rng(0))
     assert fast.compiled_calls == 12
