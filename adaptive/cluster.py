@@ -214,6 +214,20 @@ class ClusterController:
         rc = self.config.replica
         return create_replica(rc, rid, self.num_gpus, self.policy, copy.deepcopy(self.cost), self.learn_cost)
 
+    def profiled_cost(self) -> Any:
+        """Replica 0's pair profiled on the path it serves, once: cached under specdepth's cache
+        directory (SPECDEPTH_CACHE or ~/.cache/specdepth), keyed by the pair, device and path."""
+        from specdepth.adaptive.cost_model import CostModel, load_cost
+        from specdepth.workers.compiled import cache_dir
+        info = self.infos[0]
+        name = info["name"].replace("/", "_").replace("|", "__")
+        path = cache_dir() / f"profile-v7-{name}-{info['device']}-compile-{self.config.replica.compile}.json"
+        if not path.exists():
+            log.warning("profiling the pair on %s (once; cached at %s) ...", info["device"], path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(CostModel.from_dict(ray.get(self.replicas[0].handle.profile.remote())).to_json())
+        return load_cost(path)
+
     def set_cost(self, cost: Any) -> None:
         """Every replica (and any recreated one) starts again from this cost model."""
         self.cost = cost

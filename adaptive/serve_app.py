@@ -25,7 +25,8 @@ from ray import serve
 from specdepth.adaptive.serve_loopback import keep_replica_grpc_on_loopback
 from specdepth.adaptive.serve_protocol import ApiError, CompletionParams, ServerLimits, parse_completion, prompt_ids
 from specdepth.adaptive.serve_router import Router
-from specdepth.adaptive.serve_setup import ServeOptions, build_cluster, chat_renderer, load_tokenizer
+from specdepth.adaptive.serve_setup import ServeOptions, build_cluster, chat_renderer
+from specdepth.workers.bundled import load_tokenizer
 from specdepth.adaptive.serve_stream import Job, read_json, sse
 from specdepth.workers.sampler import SamplingParams
 

@@ -9,8 +9,6 @@ load here without the models, which load in the replicas.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -38,6 +36,7 @@ class ServeOptions:
     seed: int = 0
     device: str = "auto"
     threads: int = 0  # torch CPU threads per replica (0: torch's default)
+    compile: str = "off"  # the replicas' passes: auto|on|off (workers/compiled.py)
 
     def __post_init__(self) -> None:
         if (self.target is None) != (self.draft is None):
@@ -70,18 +69,6 @@ class ServeOptions:
     @property
     def queue_limit(self) -> int:
         return self.max_queue or 4 * self.replicas * self.max_batch
-
-
-def load_tokenizer(target: Optional[str]) -> Any:
-    """The pair's tokenizer, without the models."""
-    from specdepth.workers.bundled import BUNDLED_DIR
-    from specdepth.workers.tokenizer import Tokenizer
-    if target is None:
-        return Tokenizer(BUNDLED_DIR / "tokenizer.json")
-    if Path(target).is_dir():
-        from specdepth.workers.hf_loader import load_hf_tokenizer
-        return load_hf_tokenizer(Path(target))
-    return Tokenizer(Path(target).parent / "tokenizer.json")
 
 
 def chat_renderer(target: Optional[str]) -> Optional[Callable[[list[dict]], str]]:
@@ -128,23 +115,8 @@ def build_cluster(opts: ServeOptions) -> Any:
     cost = None if opts.cost == "auto" else parse_cost(opts.cost)
     rc = ReplicaConfig(pair=PairSpec(opts.target, opts.draft), n_slots=opts.max_batch, max_depth=opts.max_depth,
                        sampling=SamplingParams(opts.temperature, opts.top_p), seed=opts.seed, device=opts.device,
-                       threads=opts.threads)
+                       threads=opts.threads, compile=opts.compile)
     cc = ClusterController(policy, ClusterConfig(replicas=opts.replicas, replica=rc, round_steps=opts.round_steps,
                                                  round_s=opts.round_s))
-    cc.set_cost(cost if cost is not None else _profiled_cost(cc))
+    cc.set_cost(cost if cost is not None else cc.profiled_cost())
     return cc
-
-
-def _profiled_cost(cc: Any) -> Any:
-    """Replica 0's pair profiled once, cached like `generate --ray` (SPECDEPTH_CACHE or ~/.cache/specdepth)."""
-    import ray
-
-    from specdepth.adaptive.cost_model import CostModel, load_cost
-    info = cc.infos[0]
-    cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-    path = cache / f"profile-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}.json"
-    if not path.exists():
-        print(f"profiling the pair on {info['device']} (once; cached at {path}) ...", file=sys.stderr)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(CostModel.from_dict(ray.get(cc.replicas[0].handle.profile.remote())).to_json())
-    return load_cost(path)

@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -112,7 +111,8 @@ def build_cost(spec: str, pair, device: str, runner=None):
         return parse_cost(spec)
     from specdepth.adaptive.cost_model import load_cost
     from specdepth.adaptive.profiler import profile
-    cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
+    from specdepth.workers.compiled import cache_dir
+    cache = cache_dir()
     # v4: with the decode shape; v5: cheap points timed more often (adaptive/profiler.py);
     # v6: few-token passes on CPU through oneDNN (workers/linear.py); v7: the passes' path in the key
     target, draft = (pair.target, pair.draft) if runner is None else (runner.target_pass, runner.draft_pass)
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     import torch
 
-    from specdepth.adaptive.controller import Controller
+    from specdepth.adaptive.controller import Controller, check_depths
     from specdepth.adaptive.engine import Engine, Request
     from specdepth.policies.registry import make_policy
     from specdepth.workers.bundled import load_pair
@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(policy, "replay_only", False):
         raise ValueError(f"policy {policy.name!r} needs the future (true match lengths): replay only, "
                          "see `specdepth replay`")
+    check_depths(policy, args.max_depth)  # before any model loads
     if args.ray or os.environ.get("RAY_ADDRESS"):
         return _run_ray(args, prompts, sampling)
     pair = load_pair(args.target, args.draft, args.device)
@@ -249,15 +250,16 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
     import ray
 
     from specdepth.adaptive.cluster import ClusterConfig, ClusterController
-    from specdepth.adaptive.cost_model import CostModel, load_cost, parse_cost
+    from specdepth.adaptive.cost_model import parse_cost
     from specdepth.adaptive.engine import Request
     from specdepth.adaptive.ray_local import init_ray
     from specdepth.adaptive.replica import ReplicaConfig
     from specdepth.policies.registry import make_policy
+    from specdepth.workers.bundled import load_tokenizer
     from specdepth.workers.pair_spec import PairSpec
 
     started = init_ray(host=args.ray_host)
-    tok = _tokenizer(args.target)
+    tok = load_tokenizer(args.target)
     rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
                        seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile,
                        n_slots=max(1, min(args.max_batch, -(-len(prompts) // max(args.replicas, 1)))))
@@ -267,14 +269,7 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
             if args.cost != "auto":
                 cost = parse_cost(args.cost)
             else:
-                info = cc.infos[0]
-                cache = Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
-                path = cache / f"profile-v7-{info['name'].replace('/', '_').replace('|', '__')}-{info['device']}-compile-{args.compile}.json"
-                if not path.exists():
-                    print(f"profiling the pair on {info['device']} (once; cached at {path}) ...", file=sys.stderr)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(CostModel.from_dict(ray.get(cc.replicas[0].handle.profile.remote())).to_json())
-                cost = load_cost(path)
+                cost = cc.profiled_cost()
             cc.set_cost(cost)
             reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
             t0 = time.perf_counter()
@@ -286,15 +281,3 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
         if started:
             ray.shutdown()
     return 1 if any(o.error for o in outs) else 0
-
-
-def _tokenizer(target: str | None):
-    """The pair's tokenizer, loaded here without the models (they load in the replicas)."""
-    from specdepth.workers.bundled import BUNDLED_DIR
-    from specdepth.workers.tokenizer import Tokenizer
-    if target is None:
-        return Tokenizer(BUNDLED_DIR / "tokenizer.json")
-    if Path(target).is_dir():
-        from specdepth.workers.hf_loader import load_hf_tokenizer
-        return load_hf_tokenizer(Path(target))
-    return Tokenizer(Path(target).parent / "tokenizer.json")

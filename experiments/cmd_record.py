@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specdepth.experiments.argtypes import existing_file, float_range, int_range, non_negative_int, positive_int
 from specdepth.experiments.cli import report
+from specdepth.experiments.cmd_generate import add_compile_arg
 from specdepth.experiments.spec_types import K_LIMIT, device_spec, model_path, output_path, threads
 
 
@@ -45,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--threads", type=threads, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_arg(p)
     p.set_defaults(func=run)
 
 
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompts[: args.n] if args.n else prompts
         traces = record_traces(pair, prompts, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
                                batch=args.batch, progress=not args.no_progress, temperature=args.temperature,
-                               seed=args.seed)
+                               seed=args.seed, compile=args.compile)
     except (ValueError, FileNotFoundError) as e:
         return report("record", e)
     traces.save(args.out)

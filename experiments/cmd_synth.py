@@ -16,7 +16,6 @@ With --temperature > 0 the trace is a sampling trace and accept_prob = p_{t,j}.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 

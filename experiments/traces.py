@@ -331,7 +331,7 @@ class _Recording:
 
 def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int = 8,
                   max_new_tokens: int = 128, batch: int = 16, progress: bool = True,
-                  temperature: float = 0.0, seed: int = 0) -> TraceSet:
+                  temperature: float = 0.0, seed: int = 0, compile: str = "off") -> TraceSet:
     """Run the pair on the prompts with the live PairRunner and record a trace.
 
     Every step drafts K tokens for every sequence and verifies none (plain decoding: the target
@@ -349,6 +349,7 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
         temperature: 0 for greedy; > 0 records a sampling trace (sampled output and chains, plus
             accept_prob = 1 - TV(p, q) along each chain from an extra full forward of both models).
         seed: sampling seed.
+        compile: the passes' path, auto|on|off (a trace records what the path that serves sees).
     Returns:
         The TraceSet (save it with `.save(path)`).
     Raises:
@@ -364,7 +365,7 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
         raise ValueError("text prompts need the pair's tokenizer; give token ids instead")
     ids = [tok.encode(p) if isinstance(p, str) else [int(x) for x in p] for p in prompts]
     runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=k_max,
-                        sampling=SamplingParams(temperature=temperature), seed=seed)
+                        sampling=SamplingParams(temperature=temperature), seed=seed, compile=compile)
     todo: deque[_Recording] = deque()
     for i, p in enumerate(ids):
         if not p or len(p) >= runner.max_len:

@@ -81,6 +81,18 @@ def load_pair(target: str | Path | None = None, draft: str | Path | None = None,
     return Pair(t, d, tok, f"{tpath}|{dpath}")
 
 
+def load_tokenizer(target: str | Path | None = None) -> Tokenizer:
+    """A pair's tokenizer without its models (they may load elsewhere, e.g. in Ray replicas):
+    the bundled one, an HF folder's (with its EOS ids), or the tokenizer.json beside a
+    specdepth .safetensors target."""
+    if target is None:
+        return Tokenizer(BUNDLED_DIR / "tokenizer.json")
+    if Path(target).is_dir():
+        from specdepth.workers.hf_loader import load_hf_tokenizer
+        return load_hf_tokenizer(Path(target))
+    return Tokenizer(Path(target).parent / "tokenizer.json")
+
+
 def heldout_prompts(n: int | None = None) -> list[str]:
     """The held-out prompt set (function/class headers plus first lines from held-out modules)."""
     lines = (BUNDLED_DIR / "prompts.jsonl").read_text().splitlines()

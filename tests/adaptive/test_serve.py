@@ -113,7 +113,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def tok():
-    from specdepth.adaptive.serve_setup import load_tokenizer
+    from specdepth.workers.bundled import load_tokenizer
     return load_tokenizer(None)
 
 
