@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ from specdepth.experiments.traces import TraceSet
 from specdepth.policies.base import DepthPolicy
 from specdepth.policies.registry import make_policy
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023"
+# the Azure traces: SPECDEPTH_DATA, else ../shared/data/azure-llm-2023 beside the checkout
+SHARED_DATA = Path(os.environ.get("SPECDEPTH_DATA") or
+                   Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023")
 AZURE_NAMES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 
 
@@ -55,7 +58,8 @@ def resolve_arrivals(path: str | Path) -> Path:
     shared = SHARED_DATA / AZURE_NAMES.get(str(path), p.name)
     if shared.exists():
         return shared
-    raise FileNotFoundError(f"no arrival trace {str(path)!r} (nor in {SHARED_DATA})")
+    raise FileNotFoundError(f"no arrival trace {str(path)!r} (nor in {SHARED_DATA}; "
+                            "SPECDEPTH_DATA names the folder of the Azure CSVs)")
 
 
 def _seconds(stamp: str) -> float:

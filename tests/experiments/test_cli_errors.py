@@ -46,8 +46,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     trace = d / "t.jsonl"
     synth_traces(4, 16, seed=0, alpha=0.7, k_max=4).save(trace)
     (d / "bad_line.jsonl").write_text(trace.read_text().splitlines()[0] + "\n{\"id\": 1}\n")
+    (d / "arrivals.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
     return {"random": d / "random.bin", "empty": d / "empty.jsonl", "folder": d / "folder", "trace": trace,
-            "bad_line": d / "bad_line.jsonl", "dir": d}
+            "bad_line": d / "bad_line.jsonl", "arrivals": d / "arrivals.csv", "dir": d}
 
 
 def replay_args(files, **over: str) -> list[str]:
@@ -84,7 +86,8 @@ def test_replay_refuses_a_bad_flag(files, capsys, flag, value):
     ("--rate-scale", "0"), ("--rate-scale", "nan"), ("--rate-scale", "inf"), ("--max-output", "0"), ("--seed", "-1"),
 ])
 def test_replay_refuses_a_bad_arrival_flag(files, capsys, flag, value):
-    argv = ["replay", "--no-progress", "--trace", str(files["trace"]), "--policy", "off", "--arrivals", "code"]
+    argv = ["replay", "--no-progress", "--trace", str(files["trace"]), "--policy", "off", "--arrivals",
+            str(files["arrivals"])]
     argv = [*argv, flag, value.format(**files)] if flag != "--arrivals" else [*argv[:-1], value.format(**files)]
     rc, out, err = specdepth(capsys, *argv)
     lines = error_lines(err)
