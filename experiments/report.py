@@ -86,8 +86,13 @@ SECTIONS: tuple[Section, ...] = (
             "Simulated sequence-steps per minute of wall time on a synthetic trace, one thread.",
             "python -m specdepth.experiments.bench_replay"),
     Section("bench_ray", "Ray replicas",
-            "The live engine as Ray replica actors.",
+            "The live engine as Ray replica actors, each running the step loop itself in rounds, against "
+            "the in-process engine: same pair, prompts, policy and cost model.",
             "python -m specdepth.experiments.bench_ray"),
+    Section("bench_serve", "Serving: specdepth serve against the in-process engine",
+            "A closed loop of streaming HTTP clients (the real OpenAI wire format) against `specdepth serve`, "
+            "and the same loop on the in-process engine, per concurrency and policy.",
+            "python -m specdepth.experiments.bench_serve"),
 )
 
 HEADER = """# Results
