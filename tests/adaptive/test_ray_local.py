@@ -76,7 +76,7 @@ def _listeners(proc: Any) -> list[tuple[str, int]]:
 
 
 def _ray_processes(session_dir: str) -> list[Any]:
-    """The driver's descendants that Ray started for this session: those whose command line
+    """The driver's descendants that this Ray instance started: those whose command line
     names the session folder (GCS, raylet, monitors, dashboard), and everything under them
     (workers and agents under the raylet)."""
     import psutil
