@@ -20,6 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext
+from specdepth.policies.static import uniform_budgets
 
 
 class EarlyExit(DepthPolicy):
@@ -37,7 +38,7 @@ class EarlyExit(DepthPolicy):
         self.threshold, self.k = float(threshold), int(k)
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
-        return np.full(ctx.batch_size, min(self.k, ctx.max_depth), dtype=np.int64)
+        return uniform_budgets(ctx, self.k)  # (B,)
 
     def keep_drafting(self, ctx: DraftContext) -> np.ndarray:
         rows = np.arange(len(ctx.drafted))

@@ -36,10 +36,8 @@ class Nightjar(DepthPolicy):
     params: ClassVar[dict[str, object]] = {"arms": "0/1/2/3/4", "c": 1.0}
 
     def __init__(self, arms: str | Sequence[int] = "0/1/2/3/4", c: float = 1.0) -> None:
-        depths = parse_depths(arms, self.name)
-        if c < 0:
-            raise ValueError(f"{self.name}: c must be >= 0, got {c}")
-        self.arms, self.c = "/".join(map(str, depths)), float(c)
+        checked = Bandit(arms, c)  # its validation, for the bandits made per bucket
+        self.arms, self.c = checked.arms, checked.c
         self.bandits: dict[int, Bandit] = {}  # bucket -> its bandit
         self._pending: Bandit | None = None  # the bandit that planned the step not yet observed
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from specdepth.policies.allocation import top_k_lengths
 from specdepth.policies.base import DepthPolicy, PlanContext, VerifyContext
+from specdepth.policies.static import uniform_budgets
 
 
 class Tetris(DepthPolicy):
@@ -48,7 +49,7 @@ class Tetris(DepthPolicy):
         return (self.window,)
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
-        return np.full(ctx.batch_size, min(self.window, ctx.max_depth), dtype=np.int64)
+        return uniform_budgets(ctx, self.window)  # (B,)
 
     def drafts_dynamically(self, step: int) -> bool:
         return False  # the whole window is drafted
