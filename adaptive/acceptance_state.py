@@ -13,6 +13,8 @@ import numpy as np
 
 from specdepth.adaptive.acceptance_config import CAT, N_CATS, SEQ_COLS, AcceptanceConfig
 
+FIT_KEYS = ("weights", "global_rates", "cat_shift")  # the fit a pooled model hands to replicas
+
 
 class AcceptanceState:
     """`AcceptanceModel`'s state as plain numpy/Python data (`state_dict`), and back. The host
@@ -29,6 +31,18 @@ class AcceptanceState:
                 "since_fit": self.since_fit, "seq_ids": ids,
                 "seq_stats": self.seq_stats[[self._seq_row[int(s)] for s in ids]].reshape(-1, SEQ_COLS),
                 "metrics": self.metrics.copy(), "brier_sum": self.brier_sum.copy()}
+
+    def fit_state(self) -> dict[str, np.ndarray]:
+        """The fit alone (`FIT_KEYS`): what replicas take from the pooled model."""
+        return {k: np.array(getattr(self, k), np.float64) for k in FIT_KEYS}
+
+    def load_fit(self, fit: dict[str, Any]) -> None:
+        """Take another model's fit (`fit_state`); this model's counts and histories stay."""
+        self.weights[:] = fit["weights"]
+        self.global_rates[:] = fit["global_rates"]
+        self.cat_shift = np.array(fit["cat_shift"], np.float64).reshape(N_CATS)
+        self._per_refresh.clear()
+        self._shift_cache.clear()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.__init__(AcceptanceConfig(**state["config"]))

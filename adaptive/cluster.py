@@ -39,7 +39,7 @@ from specdepth.adaptive.acceptance import AcceptanceModel
 from specdepth.adaptive.controller import check_depths
 from specdepth.adaptive.engine import EngineStats, Request, RequestError, RequestOutput, submit_all, validate_request
 from specdepth.adaptive.ray_local import init_ray
-from specdepth.adaptive.replica import FIT_KEYS, Progress, ReplicaConfig, Work, create_replica
+from specdepth.adaptive.replica import Progress, ReplicaConfig, Work, create_replica
 
 log = logging.getLogger("specdepth.cluster")
 RETRY_S = 0.2  # how soon to call a restarting actor again
@@ -332,8 +332,7 @@ class ClusterController:
         pooled = self.pooled_observations()
         fit = None
         if pooled != rep.fit_seen and pooled > 0:
-            st = self.acceptance.state_dict()
-            fit, rep.fit_seen = {k: st[k] for k in FIT_KEYS}, pooled
+            fit, rep.fit_seen = self.acceptance.fit_state(), pooled
         work = Work(None if reset else rep.incarnation, [(i, self.seqs[i].rest()) for i in add],
                     [] if reset else rep.pending_cancel, fit, self.config.round_steps, self.config.round_s,
                     stop_on_finish=bool(self.queue))

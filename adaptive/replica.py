@@ -33,7 +33,6 @@ from specdepth.workers.pair_spec import PairSpec, resolve_device
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams
 
-FIT_KEYS = ("weights", "global_rates", "cat_shift")  # the acceptance model's pooled fit
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class Work:
     incarnation: Optional[str]  # the incarnation the cluster expects; None: drop everything, start afresh
     add: list[tuple[int, Request]] = field(default_factory=list)  # (sequence id, request to continue)
     cancel: list[int] = field(default_factory=list)  # sequence ids to end now
-    fit: Optional[dict] = None  # the pooled acceptance fit (`FIT_KEYS`), None: keep the current one
+    fit: Optional[dict] = None  # the pooled acceptance fit (`AcceptanceModel.fit_state`), None: keep the current one
     max_steps: int = 16  # steps this round, at most
     max_s: float = 0.1  # seconds this round, at most (checked between steps)
     stop_on_finish: bool = False  # end the round once a sequence leaves (the cluster has work waiting)
@@ -171,7 +170,7 @@ class Replica:
             except ValueError as e:  # refused here (e.g. a resumed request past the context)
                 prog.seqs[sid].finish_reason, prog.seqs[sid].error = "error", str(e)
         if work.fit is not None and self.ctl is not None:
-            self._load_fit(work.fit)
+            self.ctl.acceptance.load_fit(work.fit)
         before = {sid: (len(o.output_ids), o.steps, o.verified, o.accepted) for sid, o in self.outs.items()}
         steps = 0
         while eng.has_work() and steps < work.max_steps and time.perf_counter() - t0 < work.max_s:
@@ -198,12 +197,6 @@ class Replica:
         prog.handler_s = time.perf_counter() - t0
         return prog
 
-    def _load_fit(self, fit: dict) -> None:
-        """Take the pooled acceptance fit; this replica's own counts and histories stay."""
-        acc = self.ctl.acceptance
-        state = acc.state_dict()
-        state.update({k: fit[k] for k in FIT_KEYS})
-        acc.load_state_dict(state)
 
 
 def _draft_nothing(seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:

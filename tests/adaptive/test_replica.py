@@ -13,7 +13,8 @@ import pytest
 from specdepth.adaptive.acceptance import AcceptanceModel
 from specdepth.adaptive.cost_model import FixedCost
 from specdepth.adaptive.engine import Request
-from specdepth.adaptive.replica import FIT_KEYS, ReplicaConfig, Work, create_replica
+from specdepth.adaptive.acceptance_state import FIT_KEYS
+from specdepth.adaptive.replica import ReplicaConfig, Work, create_replica
 from specdepth.policies.registry import make_policy
 from specdepth.workers.pair_spec import PairSpec
 from tests.pairs import tiny_pair
