@@ -1,21 +1,21 @@
 """The cluster: requests spread over Ray replicas that each run the step loop themselves.
 
-Every replica (adaptive/replica.py) runs `Engine` over its own pair: it plans, drafts, verifies
-and prices its steps locally, so no step waits on a round trip. The cluster talks to each replica
-once a round (a few steps): it hands out waiting requests (to the least-loaded replica with a free
-slot), streams the tokens a round committed to their requests, and pools every replica's
-acceptance observations in one `AcceptanceModel`, whose fit goes back to the replicas with their
-next round: the one-round-stale freedom DSpark's production scheduler takes. Replicas step
-concurrently: `ray.wait` hands back whichever round ends first, which is answered with that
-replica's next round at once.
+Every replica (adaptive/replica.py) runs `Engine` over its own pair on a loop thread: it plans,
+drafts, verifies and prices its steps locally, and steps on while the cluster works, so no step
+waits on a round trip. The cluster keeps one `exchange` call in flight per busy replica: it hands
+out waiting requests (to the least-loaded replica with a free slot), streams the tokens each
+answer carries to their requests, and pools every replica's acceptance observations in one
+`AcceptanceModel`, whose fit goes back with the next exchange: the slightly stale freedom
+DSpark's production scheduler takes. `ray.wait` hands back whichever answer comes first; a new
+request or a cancellation (`wake`, from any thread) ends the waiting exchanges early.
 
-The cluster owns every request's committed tokens (prompt + emitted). A round that does not come
-back (the actor died: `ray.kill`, a killed process, an exception) committed nothing the cluster
-saw, so nothing is lost or duplicated: the replica's sequences are re-sent with their committed
-tokens (re-prefill). Ray restarts the actor (`max_restarts`); once Ray gives up, the cluster
-recreates it. A replica that fails more than `max_failures` times is dropped and its requests
-move to the others; with none left, RuntimeError. A round that takes longer than
-`step_timeout_s` kills (and so restarts) its actor.
+The cluster owns every request's committed tokens (prompt + emitted): only what an answer
+carried counts. When a replica fails (the actor died: `ray.kill`, a killed process, an error in
+its loop), what it did since its last answer was never seen here, so nothing is lost or
+duplicated: its sequences are re-sent with their committed tokens (re-prefill). Ray restarts the
+actor (`max_restarts`); once Ray gives up, the cluster recreates it. A replica that fails more
+than `max_failures` times is dropped and its requests move to the others; with none left,
+RuntimeError. A step that runs longer than `step_timeout_s` kills (and so restarts) its actor.
 
 Metrics (ray.util.metrics, tag `replica`): acceptance length, per-position acceptance,
 verify-length histogram (the depth chosen), step time, goodput, emitted tokens, running sequences,
@@ -51,17 +51,17 @@ class ClusterConfig:
     replica: ReplicaConfig = ReplicaConfig()
     max_batch: Optional[int] = None  # sequences per replica (default: its n_slots)
     max_failures: int = 3  # N: a replica failing more often than this is dropped
-    round_steps: int = 16  # steps a replica runs between two talks with the cluster, at most
-    round_s: float = 0.1  # seconds a round lasts, at most
-    step_timeout_s: Optional[float] = 600.0  # a round slower than this kills (restarts) its actor
+    stream_s: float = 0.02  # a replica answers with new tokens at most this often (first tokens, finishes at once)
+    wait_s: float = 0.5  # an exchange with nothing to say answers after this long
+    step_timeout_s: Optional[float] = 600.0  # a step slower than this kills (restarts) its actor
     restart_timeout_s: float = 300.0  # a failed replica still unavailable after this fails again
     metrics: bool = True  # export ray.util.metrics
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.max_failures < 0 or (self.max_batch is not None and self.max_batch < 1) \
-                or self.round_steps < 1 or not self.round_s > 0:
-            raise ValueError(f"need replicas >= 1, max_failures >= 0, max_batch >= 1, round_steps >= 1, "
-                             f"round_s > 0: {self}")
+                or self.stream_s < 0 or not self.wait_s > 0:
+            raise ValueError(f"need replicas >= 1, max_failures >= 0, max_batch >= 1, stream_s >= 0, "
+                             f"wait_s > 0: {self}")
 
 
 @dataclass
@@ -93,7 +93,7 @@ class ReplicaState:
     needs_reset: bool = True  # resend every sequence (new or restarted actor)
     incarnation: Optional[str] = None
     pid: Optional[int] = None  # the actor process, as of its last answer
-    inflight: Any = None  # ObjectRef of the round in flight
+    inflight: Any = None  # ObjectRef of the exchange in flight
     fit_seen: float = -1.0  # pooled observations when its last fit was sent
     t_submit: float = 0.0
     failures: int = 0
@@ -104,9 +104,9 @@ class ReplicaState:
     fallbacks: Counter = field(default_factory=Counter)  # policy faults it reported
     faults_reported: int = 0  # policy fallbacks already exported as a metric
     stats: EngineStats = field(default_factory=EngineStats)
-    rtt_s: float = 0.0  # summed submit -> answer time (includes waiting behind other answers)
-    handler_s: float = 0.0  # summed time inside the actor's rounds
-    controller_s: float = 0.0  # summed time in the cluster: building rounds, pooling, streaming
+    busy_s: float = 0.0  # summed time its loop spent stepping (as its answers report)
+    exchanges: int = 0  # answers taken
+    controller_s: float = 0.0  # summed time in the cluster: building exchanges, pooling, streaming
 
 
 def _stats(max_depth: int) -> EngineStats:
@@ -260,7 +260,7 @@ class ClusterController:
         return {r.rid: r.observations for r in self.replicas}
 
     def ping_s(self, rid: int = 0, n: int = 50) -> float:
-        """Mean bare round trip to replica `rid` (an echo call), seconds; call between rounds."""
+        """Mean bare round trip to replica `rid` (an echo call), seconds."""
         handle = self.replicas[rid].handle
         ray.get(handle.ping.remote())
         t0 = time.perf_counter()
@@ -285,8 +285,14 @@ class ClusterController:
             rep.pending_add.append(seq.seq_id)
 
     # ---- the loop ---------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Ask the replicas' waiting exchanges to answer now (new work is here); any thread."""
+        for rep in list(self.replicas):
+            if rep.alive and rep.inflight is not None:
+                rep.handle.nudge.remote()
+
     def step(self) -> None:
-        """Send every idle replica with work its next round, then take the first answer."""
+        """Send every replica with work and no exchange in flight its next one; take the first answer."""
         self._admit()
         now = time.perf_counter()
         for rep in self.alive():
@@ -299,7 +305,7 @@ class ClusterController:
             if wake is not None:
                 time.sleep(wake)
             return
-        timeout = self.config.step_timeout_s
+        timeout = self._call_timeout()
         timeout = wake if timeout is None else timeout if wake is None else min(timeout, wake)
         ready, _ = ray.wait(list(waiting), num_returns=1, timeout=timeout)
         if ready:
@@ -307,9 +313,14 @@ class ClusterController:
             return
         now = time.perf_counter()
         for rep in waiting.values():
-            if self.config.step_timeout_s is not None and now - rep.t_submit > self.config.step_timeout_s:
+            if self._call_timeout() is not None and now - rep.t_submit > self._call_timeout():
                 log.warning("replica %d: no answer for %.0f s; killing it", rep.rid, now - rep.t_submit)
                 _kill(rep.handle, restart=True)  # its call now fails: handled as a failure
+
+    def _call_timeout(self) -> Optional[float]:
+        """An exchange unanswered this long means a wedged actor (a slow step is caught by its age)."""
+        t = self.config.step_timeout_s
+        return None if t is None else t + self.config.wait_s
 
     def run(self, requests: list[Request], progress: Optional[Callable[[int], None]] = None) -> list[RequestOutput]:
         """Serve all requests to completion; invalid ones come back with their error set.
@@ -334,10 +345,9 @@ class ClusterController:
         if pooled != rep.fit_seen and pooled > 0:
             fit, rep.fit_seen = self.acceptance.fit_state(), pooled
         work = Work(None if reset else rep.incarnation, [(i, self.seqs[i].rest()) for i in add],
-                    [] if reset else rep.pending_cancel, fit, self.config.round_steps, self.config.round_s,
-                    stop_on_finish=bool(self.queue))
+                    [] if reset else rep.pending_cancel, fit, self.config.stream_s, self.config.wait_s)
         rep.pending_add, rep.pending_cancel = [], []
-        rep.inflight = rep.handle.advance.remote(work)
+        rep.inflight = rep.handle.exchange.remote(work)
         rep.t_submit = time.perf_counter()
         rep.controller_s += rep.t_submit - t0
 
@@ -349,14 +359,14 @@ class ClusterController:
             self._failed(rep, e)
             return
         t0 = time.perf_counter()
-        rep.rtt_s += t0 - rep.t_submit
         if prog.lost:
-            self._failed(rep, RuntimeError(f"actor restarted between rounds (now pid {prog.pid}); "
+            self._failed(rep, RuntimeError(f"actor restarted between two exchanges (now pid {prog.pid}); "
                                            "its sequences were lost"))
             return
         rep.incarnation, rep.pid, rep.needs_reset = prog.incarnation, prog.pid, False
         rep.recovering = False
-        rep.handler_s += prog.handler_s
+        rep.busy_s += prog.busy_s
+        rep.exchanges += 1
         self._commit(rep, prog)
         before = self.pooled_observations()
         for seq_ids, top1, entropy, verified, accepted, finished in prog.observations:
@@ -370,9 +380,13 @@ class ClusterController:
                 st.add(prog.stats)
         self._record(rep, prog, time.perf_counter() - rep.t_submit)
         rep.controller_s += time.perf_counter() - t0
+        limit = self.config.step_timeout_s
+        if limit is not None and prog.step_age_s > limit:
+            log.warning("replica %d: a step has run for %.0f s; killing it", rep.rid, prog.step_age_s)
+            _kill(rep.handle, restart=True)  # its next exchange fails: handled as a failure
 
     def _commit(self, rep: ReplicaState, prog: Progress) -> None:
-        """Stream what the round committed to its requests; finished ones leave."""
+        """Stream what the answer carried to its requests; finished ones leave."""
         now = time.perf_counter()
         for sid, p in prog.seqs.items():
             seq = self.seqs.get(sid)
@@ -413,7 +427,7 @@ class ClusterController:
 
     # ---- failures ---------------------------------------------------------------------------
     def _failed(self, rep: ReplicaState, err: Exception) -> None:
-        """A round that did not complete: nothing of it was committed; resend or drop."""
+        """A replica that failed: what it did since its last answer was never seen; resend or drop."""
         now = time.perf_counter()
         if rep.recovering and isinstance(err, ray.exceptions.ActorUnavailableError) and now < rep.recover_by:
             rep.retry_at = now + RETRY_S  # Ray is still restarting it after the failure already counted

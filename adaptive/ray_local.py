@@ -83,8 +83,10 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None,
         ray.init(address=address)
         return False
     host = (host or os.environ.get(HOST_ENV) or LOOPBACK).strip()
+    # workers at the driver's priority: Ray's default (nice 15) lets every other process on the
+    # machine preempt the replicas' model passes
     common = dict(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                  dashboard_host=LOOPBACK)
+                  dashboard_host=LOOPBACK, _system_config={"worker_niceness": 0})
     if is_loopback(host):
         with _single_machine_mode():
             ray.init(_node_ip_address=LOOPBACK, **common)

@@ -4,8 +4,9 @@ The cluster is not thread-safe, so every call on it happens on this thread: HTTP
 submissions and cancellations over through a thread-safe queue, and hear back through the
 callbacks they passed (`on_token` with each round's committed tokens, `on_done` once with the
 finished `RequestOutput`). Callbacks run on this thread; a handler living on an event loop wraps
-them in `loop.call_soon_threadsafe`. The replicas run their own step loops in rounds; this thread
-only answers rounds, so a submission waits at most one round (`ClusterConfig.round_s`).
+them in `loop.call_soon_threadsafe`. The replicas run their own step loops; this thread only
+takes their answers. A submission or cancellation wakes the exchanges in flight (`wake`), so it
+reaches its replica within a round trip instead of waiting for the next answer.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Router:
     def __init__(self, cluster: Any) -> None:
         """
         Args:
-            cluster: a `ClusterController` (or anything with its submit/cancel/step/has_work and
+            cluster: a `ClusterController` (or anything with its submit/cancel/step/has_work/wake and
                 `queue`/`seqs`); from now on only this router's thread touches it.
         """
         self.cluster = cluster
@@ -68,10 +69,12 @@ class Router:
         with self._lock:
             self.pending += 1
         self.inbox.put(_Submit(req, on_done))
+        self.cluster.wake()
 
     def cancel(self, request_id: str) -> None:
         """End a request (a client went away); its `on_done` sees finish reason "cancelled"."""
         self.inbox.put(_Cancel(request_id))
+        self.cluster.wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread (requests still running end as errors) and shut the cluster down."""

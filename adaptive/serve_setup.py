@@ -29,8 +29,7 @@ class ServeOptions:
     cost: str = "auto"  # auto (profile replica 0's pair once, cached), a profile JSON, a preset, fixed:...
     model_name: Optional[str] = None  # default: specdepth-bundled, or the target's folder/file name
     max_queue: Optional[int] = None  # admitted requests at once (default 4 x replicas x max_batch)
-    round_steps: int = 4  # steps a replica runs between two talks with the router
-    round_s: float = 0.02  # seconds a round lasts, at most: how promptly tokens stream
+    stream_s: float = 0.02  # a replica sends committed tokens at most this often (first tokens, finishes at once)
     temperature: float = 0.0  # the replicas' sampling (0: greedy); requests must match it
     top_p: float = 1.0
     seed: int = 0
@@ -41,10 +40,9 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if (self.target is None) != (self.draft is None):
             raise ValueError("give both target and draft, or neither (the bundled pair)")
-        if self.replicas < 1 or self.max_batch < 1 or self.max_depth < 0 or self.round_steps < 1 \
-                or not self.round_s > 0 or (self.max_queue is not None and self.max_queue < 1):
-            raise ValueError(f"need replicas, max_batch, round_steps, max_queue >= 1, max_depth >= 0, "
-                             f"round_s > 0: {self}")
+        if self.replicas < 1 or self.max_batch < 1 or self.max_depth < 0 or self.stream_s < 0 \
+                or (self.max_queue is not None and self.max_queue < 1):
+            raise ValueError(f"need replicas, max_batch, max_queue >= 1, max_depth >= 0, stream_s >= 0: {self}")
 
     @classmethod
     def from_args(cls, args: Optional[dict]) -> "ServeOptions":
@@ -116,7 +114,6 @@ def build_cluster(opts: ServeOptions) -> Any:
     rc = ReplicaConfig(pair=PairSpec(opts.target, opts.draft), n_slots=opts.max_batch, max_depth=opts.max_depth,
                        sampling=SamplingParams(opts.temperature, opts.top_p), seed=opts.seed, device=opts.device,
                        threads=opts.threads, compile=opts.compile)
-    cc = ClusterController(policy, ClusterConfig(replicas=opts.replicas, replica=rc, round_steps=opts.round_steps,
-                                                 round_s=opts.round_s))
+    cc = ClusterController(policy, ClusterConfig(replicas=opts.replicas, replica=rc, stream_s=opts.stream_s))
     cc.set_cost(cost if cost is not None else cc.profiled_cost())
     return cc

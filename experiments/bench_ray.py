@@ -1,9 +1,12 @@
 """Ray path vs in-process: tokens/s of one Ray replica against the in-process Engine, same pair,
-same prompts, same policy (dspark) and cost model, at batch 1 and 16, in one run; then where the
-Ray path's extra time per step goes. The replica runs the step loop itself and talks to the
-cluster once a round (`--round-steps` steps).
+same prompts, same policy (dspark) and cost model, at batch 1 and 16, in one run: `--rounds` timed
+runs of each path in turn, judged by the median of the paired ratios (with their spread); then
+where the Ray path's extra time per step goes. The replica runs the step loop itself, on a thread that
+never waits for the cluster; the cluster exchanges work and committed tokens with it (at most
+every `--stream-ms`, and at once for first tokens and finishes).
 
-    python -m specdepth.experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32] [--out FILE]
+    python -m specdepth.experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32] [--rounds 5]
+        [--stream-ms 20] [--out FILE]
 
 Uses the bundled pair and its held-out prompts; if the bundled weights are missing, random models
 of the same size and random prompts (said in the output; acceptance is then near 0, so this
@@ -67,30 +70,34 @@ def fresh_stats(depth: int) -> EngineStats:
     return EngineStats(pos_verified=np.zeros(depth, np.int64), pos_accepted=np.zeros(depth, np.int64))
 
 
-def run_engine(target, draft, cost, reqs: list[Request], batch: int, depth: int) -> tuple[float, Engine]:
+def make_engine(target, draft, cost, batch: int, depth: int) -> Engine:
+    """One runner and controller for every round, as a replica keeps its own across requests."""
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth)
-    eng = Engine(runner, Controller(make_policy("dspark"), depth, cost=copy.deepcopy(cost)), max_batch=batch)
+    return Engine(runner, Controller(make_policy("dspark"), depth, cost=copy.deepcopy(cost)), max_batch=batch)
+
+
+def make_cluster(spec: PairSpec, cost, batch: int, depth: int, threads: int, stream_s: float) -> ClusterController:
+    rc = ReplicaConfig(pair=spec, n_slots=batch, max_depth=depth, threads=threads, device="cpu")
+    return ClusterController(make_policy("dspark"), ClusterConfig(replicas=1, replica=rc, metrics=True,
+                                                                  stream_s=stream_s), cost=copy.deepcopy(cost))
+
+
+def timed_engine(eng: Engine, reqs: list[Request], depth: int) -> float:
+    eng.stats = fresh_stats(depth)
     t0 = time.perf_counter()
     eng.run(reqs)
-    return time.perf_counter() - t0, eng
+    return time.perf_counter() - t0
 
 
-def run_cluster(spec: PairSpec, cost, reqs: list[Request], batch: int, depth: int,
-                threads: int, round_steps: int) -> tuple[float, ClusterController, float]:
-    rc = ReplicaConfig(pair=spec, n_slots=batch, max_depth=depth, threads=threads, device="cpu")
-    cc = ClusterController(make_policy("dspark"), ClusterConfig(replicas=1, replica=rc, metrics=True,
-                                                                round_steps=round_steps), cost=copy.deepcopy(cost))
-    cc.run(requests([r.prompt_ids for r in reqs[:2]], 4))  # warm-up: first-call costs out of the timing
+def timed_cluster(cc: ClusterController, reqs: list[Request], depth: int) -> float:
     cc.stats = fresh_stats(depth)
     for rep in cc.replicas:
-        rep.rtt_s = rep.handler_s = rep.controller_s = 0.0
+        rep.busy_s = rep.controller_s = 0.0
+        rep.exchanges = 0
         rep.stats = fresh_stats(depth)
     t0 = time.perf_counter()
     cc.run(reqs)
-    wall = time.perf_counter() - t0
-    ping = cc.ping_s()
-    cc.shutdown()
-    return wall, cc, ping
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -99,7 +106,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--max-depth", type=int, default=8)
-    ap.add_argument("--round-steps", type=int, default=16, help="steps a replica runs per round trip, at most")
+    ap.add_argument("--rounds", type=int, default=5, help="timed runs of each path, in turn")
+    ap.add_argument("--stream-ms", type=float, default=20.0, help="the cluster's stream_s, in ms")
     ap.add_argument("--out", default=str(default_out("bench_ray")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()
     meta = stamp(sys.argv)
@@ -111,38 +119,63 @@ def main() -> None:
     print(f"{what}: target {target.num_params() / 1e6:.1f}M, draft {draft.num_params() / 1e6:.2f}M params, cpu, "
           f"{args.threads} thread(s) per process; {len(prompts)} prompts x {args.new_tokens} new tokens; "
           f"policy dspark, K={depth}\n")
-    print("batch  path             tok/s   steps  ms/step  accept-len")
+    print(f"{args.rounds} rounds, each path in turn; tok/s and ms/step are medians over rounds, accept-len the mean\n")
+    print("batch  path             tok/s   steps  ms/step  accept-len   ray / in-process: median [min, max]")
     notes, rows = [], []
     for batch in (1, 16):
-        reqs = requests(prompts, args.new_tokens)
-        run_engine(target, draft, cost, reqs[:2], batch, depth)  # warm-up
-        e_wall, eng = run_engine(target, draft, cost, reqs, batch, depth)
-        c_wall, cc, ping = run_cluster(spec, cost, requests(prompts, args.new_tokens), batch, depth, args.threads,
-                                       args.round_steps)
+        eng = make_engine(target, draft, cost, batch, depth)
+        eng.run(requests(prompts[:2], 4))  # warm-up: first-call costs out of the timing, on both paths
+        cc = make_cluster(spec, cost, batch, depth, args.threads, args.stream_ms / 1000)
+        cc.run(requests(prompts[:2], 4))
+        e_walls, c_walls, e_stats, c_stats = [], [], [], []
+        busy = ctl = 0.0
+        exchanges = 0
+        for _ in range(args.rounds):
+            e_walls.append(timed_engine(eng, requests(prompts, args.new_tokens), depth))
+            e_stats.append(eng.stats)
+            c_walls.append(timed_cluster(cc, requests(prompts, args.new_tokens), depth))
+            c_stats.append(cc.stats)
+            rep = cc.replicas[0]
+            busy, ctl, exchanges = busy + rep.busy_s, ctl + rep.controller_s, exchanges + rep.exchanges
+        ping = cc.ping_s()
+        cc.shutdown()
         n_tok = len(prompts) * args.new_tokens
-        es, cs = eng.stats, cc.stats
-        print(f"{batch:5d}  in-process    {n_tok / e_wall:8.1f}  {es.steps:6d}  {e_wall / es.steps * 1e3:7.2f}  "
-              f"{es.acceptance_length:9.2f}")
-        print(f"{batch:5d}  ray, 1 replica{n_tok / c_wall:8.1f}  {cs.steps:6d}  {c_wall / cs.steps * 1e3:7.2f}  "
-              f"{cs.acceptance_length:9.2f}   ratio ray / in-process {e_wall / c_wall:.2f}")
-        rows += [[batch, "in-process", n_tok / e_wall, es.steps, e_wall / es.steps * 1e3, es.acceptance_length, 1.0],
-                 [batch, "ray, 1 replica", n_tok / c_wall, cs.steps, c_wall / cs.steps * 1e3, cs.acceptance_length,
-                  e_wall / c_wall]]
-        rep, n = cc.replicas[0], cs.steps
-        e_other = (e_wall - es.draft_s - es.target_s) / es.steps
+        ratios = np.array(e_walls) / np.array(c_walls)
+        ratio = float(np.median(ratios))
+        for path, walls, sts in (("in-process", e_walls, e_stats), ("ray, 1 replica", c_walls, c_stats)):
+            steps = int(np.median([st.steps for st in sts]))
+            ms = float(np.median([w / st.steps for w, st in zip(walls, sts)])) * 1e3
+            acc = float(np.mean([st.acceptance_length for st in sts]))
+            tps = float(np.median([n_tok / w for w in walls]))
+            tail = f"   {ratio:.2f} [{ratios.min():.2f}, {ratios.max():.2f}]" if path != "in-process" else ""
+            print(f"{batch:5d}  {path:15s}{tps:8.1f}  {steps:6d}  {ms:7.2f}  {acc:9.2f}{tail}")
+            rows.append([batch, path, tps, steps, ms, acc, ratio if path != "in-process" else 1.0,
+                         float(ratios.min()) if path != "in-process" else 1.0,
+                         float(ratios.max()) if path != "in-process" else 1.0])
+        e_steps, c_steps = sum(st.steps for st in e_stats), sum(st.steps for st in c_stats)
+        e_pass = sum(st.draft_s + st.target_s for st in e_stats)
+        c_pass = sum(st.draft_s + st.target_s for st in c_stats)
+        c_wall = sum(c_walls)
+        def passes(sts: list[EngineStats]) -> str:
+            log = [row for st in sts for row in st.step_log]
+            n_draft = sum(row[4] for row in log)
+            return (f"{n_draft / len(log):.2f} draft passes a step at {sum(row[2] for row in log) / n_draft * 1e3:.2f} "
+                    f"ms, target pass {sum(row[3] for row in log) / len(log) * 1e3:.2f} ms")
+        notes.append(f"batch {batch}, passes: in-process {passes(e_stats)}; ray {passes(c_stats)}")
         notes.append(
-            f"batch {batch}, per step: in-process {e_wall / es.steps * 1e3:.2f} ms (draft+target "
-            f"{(es.draft_s + es.target_s) / es.steps * 1e3:.2f}, controller/engine {e_other * 1e3:.2f}); "
-            f"ray {c_wall / n * 1e3:.2f} ms = in the replica {rep.handler_s / n * 1e3:.2f} (its loop: draft+target "
-            f"{(cs.draft_s + cs.target_s) / n * 1e3:.2f}) + round trips beyond the replica "
-            f"{(rep.rtt_s - rep.handler_s) / n * 1e3:.2f} (bare actor ping {ping * 1e3:.2f} a round) + cluster "
-            f"{rep.controller_s / n * 1e3:.2f} (rounds, pooling, streaming)")
+            f"batch {batch}, per step: in-process {sum(e_walls) / e_steps * 1e3:.2f} ms (draft+target "
+            f"{e_pass / e_steps * 1e3:.2f}, controller/engine {(sum(e_walls) - e_pass) / e_steps * 1e3:.2f}); "
+            f"ray {c_wall / c_steps * 1e3:.2f} ms = the replica's loop stepping {busy / c_steps * 1e3:.2f} "
+            f"(draft+target {c_pass / c_steps * 1e3:.2f}) + the loop idle {(c_wall - busy) / c_steps * 1e3:.2f} "
+            f"(waiting for requests after a finish); {exchanges / c_steps:.2f} exchanges a step (bare actor ping "
+            f"{ping * 1e3:.2f} ms), the cluster's side {ctl / c_steps * 1e3:.2f} ms a step, beside the loop")
     print("\nwhere the Ray path's time goes:")
     print("\n".join("  " + n for n in notes))
     write_result(args.out, "bench_ray", {
         "tables": [table("Ray (1 replica) vs in-process, dspark", ["batch", "path", "tok/s", "steps", "ms/step",
-                                                                    "acceptance length", "ray / in-process"],
-                         rows, ["d", "s", ".1f", "d", ".2f", ".2f", ".2f"])],
+                                                                    "acceptance length", "ray / in-process",
+                                                                    "min", "max"],
+                         rows, ["d", "s", ".1f", "d", ".2f", ".2f", ".2f", ".2f", ".2f"])],
         "notes": [what] + notes}, meta)
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -136,14 +136,14 @@ def served(port: int, prompts: list[list[int]], conc: int, n_req: int, new_token
 class Server:
     """A `specdepth serve` subprocess on a free loopback port; stopped with SIGTERM."""
 
-    def __init__(self, policy: str, cost_path: str, max_batch: int, round_steps: int, round_ms: float) -> None:
+    def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli", "serve", "--policy", policy,
                                       "--cost", cost_path, "--max-batch", str(max_batch), "--port", str(self.port),
-                                      "--threads", "1", "--round-steps", str(round_steps), "--round-ms", str(round_ms)],
+                                      "--threads", "1", "--stream-ms", str(stream_ms)],
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 180
         while "Ctrl-C or SIGTERM" not in Path(self.log.name).read_text(errors="replace"):
@@ -165,8 +165,7 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=["off", "static:k=2", "dspark"])
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default max(16, 4 x C))")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--round-steps", type=int, default=4, help="the server's --round-steps")
-    ap.add_argument("--round-ms", type=float, default=20.0, help="the server's --round-ms")
+    ap.add_argument("--stream-ms", type=float, default=20.0, help="the server's --stream-ms")
     ap.add_argument("--out", default=str(default_out("bench_serve")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()
     meta = stamp(sys.argv)
@@ -188,7 +187,7 @@ def main() -> None:
         for policy in args.policies:
             base = {c: in_process(policy, cost, prompts, c, args.requests or max(16, 4 * c), args.new_tokens)
                     for c in args.concurrency}
-            srv = Server(policy, cost_file.name, max(args.concurrency), args.round_steps, args.round_ms)
+            srv = Server(policy, cost_file.name, max(args.concurrency), args.stream_ms)
             try:
                 for c in args.concurrency:
                     n = args.requests or max(16, 4 * c)

@@ -42,9 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: specdepth-bundled, or the target's name)")
     p.add_argument("--max-queue", type=positive_int, default=None,
                    help="requests admitted at once; beyond it 429 (default 4 x replicas x max-batch)")
-    p.add_argument("--round-steps", type=positive_int, default=4, help="steps per replica round, at most")
-    p.add_argument("--round-ms", type=float_range(0.0, lo_open=True), default=20.0,
-                   help="milliseconds per replica round, at most (how promptly tokens stream)")
+    p.add_argument("--stream-ms", type=float_range(0.0), default=20.0,
+                   help="a replica sends committed tokens at most this often (first tokens and finishes at once)")
     p.add_argument("--temperature", type=float_range(0.0), default=0.0,
                    help="the replicas' sampling temperature, for every request (0 = greedy)")
     p.add_argument("--top-p", type=float_range(0.0, 1.0, lo_open=True), default=1.0)
@@ -66,8 +65,8 @@ def _options(args: argparse.Namespace):
         raise ValueError(f"--policy {args.policy}: needs the future (true match lengths): replay only")
     return ServeOptions(target=args.target, draft=args.draft, replicas=args.replicas, policy=args.policy,
                         max_batch=args.max_batch, max_depth=args.max_depth, cost=args.cost,
-                        model_name=args.model_name, max_queue=args.max_queue, round_steps=args.round_steps,
-                        round_s=args.round_ms / 1000, temperature=args.temperature, top_p=args.top_p,
+                        model_name=args.model_name, max_queue=args.max_queue,
+                        stream_s=args.stream_ms / 1000, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile)
 
 

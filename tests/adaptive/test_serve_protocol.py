@@ -105,7 +105,7 @@ class FakeCluster:
     def __init__(self, fail_after: int | None = None) -> None:
         self.queue: deque = deque()
         self.seqs: dict[str, tuple[Request, RequestOutput]] = {}
-        self.steps, self.fail_after = 0, fail_after
+        self.steps, self.fail_after, self.wakes = 0, fail_after, 0
 
     def submit(self, req: Request) -> RequestOutput:
         if not req.prompt_ids:
@@ -134,6 +134,9 @@ class FakeCluster:
     def cancel(self, rid: str) -> bool:
         return self.seqs.pop(rid, None) is not None
 
+    def wake(self) -> None:
+        self.wakes += 1
+
     def shutdown(self) -> None:
         pass
 
@@ -161,6 +164,7 @@ def test_router_streams_each_token_once_and_ends_each_request_once():
     reqs.append(Request("bad", [], 3))
     done = _run(router, reqs)
     router.stop()
+    assert router.cluster.wakes == len(reqs)  # each submission woke the replicas' exchanges
     assert {rid: o.output_ids for rid, o in done.items() if rid != "bad"} == got == \
         {f"r{i}": list(range(3 + i)) for i in range(4)}
     assert done["bad"].finish_reason == "error" and router.pending == 0
