@@ -51,7 +51,9 @@ class ClusterConfig:
     replica: ReplicaConfig = ReplicaConfig()
     max_batch: Optional[int] = None  # sequences per replica (default: its n_slots)
     max_failures: int = 3  # N: a replica failing more often than this is dropped
-    stream_s: float = 0.02  # a replica answers with new tokens at most this often (first tokens, finishes at once)
+    # a replica answers with new tokens at most this often (first tokens and finishes at once); each
+    # answer costs the replica's loop some time, so a batch job keeps them rare (serve: 0.02)
+    stream_s: float = 0.1
     wait_s: float = 0.5  # an exchange with nothing to say answers after this long
     step_timeout_s: Optional[float] = 600.0  # a step slower than this kills (restarts) its actor
     restart_timeout_s: float = 300.0  # a failed replica still unavailable after this fails again

@@ -1,10 +1,10 @@
 """The OpenAI-compatible HTTP front, a Ray Serve application.
 
 One FastAPI ingress deployment owns a `ClusterController` driven by a `Router` thread; the engine
-replicas are the cluster's `ReplicaActor`s, each running its own step loop in short rounds. A
+replicas are the cluster's `ReplicaActor`s, each running its own step loop on a thread of its own. A
 request's committed tokens arrive on the router thread (`on_token`) and cross to the handler's
-event loop through a per-request `asyncio.Queue`; each round's tokens for a request leave as one
-SSE chunk. A client that goes away cancels its requests (its slot frees within a round).
+event loop through a per-request `asyncio.Queue`; each answer's tokens for a request leave as one
+SSE chunk. A client that goes away cancels its requests (its slot frees within a step).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (HF pairs with a chat template),
 GET /v1/models, GET /health, GET /debug/replicas (replica pids, for fault tests).
@@ -165,6 +165,7 @@ class SpecdepthServer:
                            f"{RETRY_AFTER_S} s", status=429, type_="rate_limit_error", code="server_busy")
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         job = Job(self, cid, params)
+        job.start()
         self.open += 1
         if params.stream:
             return StreamingResponse(self._counted(sse(job, chat)), media_type="text/event-stream",

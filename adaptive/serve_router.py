@@ -2,7 +2,7 @@
 
 The cluster is not thread-safe, so every call on it happens on this thread: HTTP handlers hand
 submissions and cancellations over through a thread-safe queue, and hear back through the
-callbacks they passed (`on_token` with each round's committed tokens, `on_done` once with the
+callbacks they passed (`on_token` with each answer's committed tokens, `on_done` once with the
 finished `RequestOutput`). Callbacks run on this thread; a handler living on an event loop wraps
 them in `loop.call_soon_threadsafe`. The replicas run their own step loops; this thread only
 takes their answers. A submission or cancellation wakes the exchanges in flight (`wake`), so it
@@ -51,7 +51,7 @@ class Router:
         self.active: dict[str, tuple[RequestOutput, DoneFn]] = {}  # request id -> its output, callback
         self.pending = 0  # submitted and not yet done (read from other threads for admission)
         self.error: Optional[str] = None  # set when the cluster failed for good
-        self.rounds = 0
+        self.answers = 0  # cluster steps taken (each takes one replica answer)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specdepth-router", daemon=True)
@@ -92,7 +92,7 @@ class Router:
                 self._drain(block=not self.cluster.has_work())
                 if self.cluster.has_work():
                     self.cluster.step()
-                    self.rounds += 1
+                    self.answers += 1
                     self._finish()
             except Exception as e:  # noqa: BLE001 - no replica left, or a bug: fail everyone, stop taking work
                 log.exception("router: the cluster failed")
@@ -133,7 +133,7 @@ class Router:
         self._done(request_id, entry[0], entry[1])
 
     def _finish(self) -> None:
-        """Requests the last round finished leave, each with one `on_done`."""
+        """Requests the last answer finished leave, each with one `on_done`."""
         for rid, (out, on_done) in list(self.active.items()):
             if out.finish_reason is not None:
                 self._done(rid, out, on_done)

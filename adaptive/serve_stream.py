@@ -1,8 +1,9 @@
 """Streaming one HTTP request's completions: router callbacks in, text chunks and SSE out.
 
-A `Job` submits its prompts to the router and turns the tokens each round commits (delivered on
-the router thread, crossed to the handler's event loop with `call_soon_threadsafe`) into text,
-each character once; `sse` frames that as OpenAI Server-Sent Events. Kept apart from the Serve
+A `Job` submits its prompts to the router (`start`, in the handler, so the replica prefills while
+the response is set up) and turns the tokens each answer carries (delivered on the router thread,
+crossed to the handler's event loop with `call_soon_threadsafe`) into text, each character once;
+`sse` frames that as OpenAI Server-Sent Events. Kept apart from the Serve
 deployment class so that Ray pickles these by reference.
 """
 
@@ -34,20 +35,22 @@ class Job:
         self.streams = [TextStream(server.tok, params.stop) for _ in params.prompts]
         self.finish: list[Optional[str]] = [None] * len(params.prompts)
         self.error: Optional[str] = None
+        self.ids = [f"{cid}-{i}" for i in range(len(params.prompts))]  # the router's request ids
 
     def _put(self, item: tuple) -> None:
-        """From the router thread; never raises into the cluster's round (a closed loop: dropped)."""
+        """From the router thread; never raises into the router (a closed loop: dropped)."""
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:
             pass
 
-    async def events(self) -> AsyncIterator[tuple[int, str, Optional[str]]]:
-        """(prompt index, new text, finish reason or None) as rounds commit tokens.
+    def start(self) -> None:
+        """Submit every prompt now, before the response starts (the replica prefills meanwhile).
 
-        Leaving early (the client went away, or this task was cancelled) cancels what still runs.
+        Raises:
+            ApiError: 503, the router cannot take work (what was submitted is cancelled).
         """
-        router, ids = self.server.router, [f"{self.cid}-{i}" for i in range(len(self.params.prompts))]
+        router, ids = self.server.router, self.ids
         for i, prompt in enumerate(self.params.prompts):
             req = Request(ids[i], prompt, self.params.max_tokens,
                           on_token=lambda rid, toks, i=i: self._put((i, "tokens", list(toks))))
@@ -57,6 +60,13 @@ class Job:
                 for rid in ids[:i]:
                     router.cancel(rid)
                 raise ApiError(f"the server cannot serve: {e}", status=503, type_="server_error") from None
+
+    async def events(self) -> AsyncIterator[tuple[int, str, Optional[str]]]:
+        """(prompt index, new text, finish reason or None) as the replicas commit tokens.
+
+        Leaving early (the client went away, or this task was cancelled) cancels what still runs.
+        """
+        router, ids = self.server.router, self.ids
         left = len(ids)
         try:
             while left:
@@ -90,7 +100,7 @@ class Job:
 
 
 async def sse(job: Job, chat: bool) -> AsyncIterator[str]:
-    """Server-Sent Events: one chunk per round's new text per prompt, then finish chunks, [DONE]."""
+    """Server-Sent Events: one chunk per answer's new text per prompt, then finish chunks, [DONE]."""
     model, created = job.server.limits.model_name, int(time.time())
 
     def chunk(i: int, text: Optional[str], finish: Optional[str]) -> str:

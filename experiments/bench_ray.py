@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--max-depth", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="timed runs of each path, in turn")
-    ap.add_argument("--stream-ms", type=float, default=20.0, help="the cluster's stream_s, in ms")
+    ap.add_argument("--stream-ms", type=float, default=ClusterConfig.stream_s * 1000,
+                    help="the cluster's stream_s, in ms (default: as `generate --ray`)")
     ap.add_argument("--out", default=str(default_out("bench_ray")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()
     meta = stamp(sys.argv)
