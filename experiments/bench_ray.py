@@ -6,7 +6,7 @@ never waits for the cluster; the cluster exchanges work and committed tokens wit
 every `--stream-ms`, and at once for first tokens and finishes).
 
     python -m specdepth.experiments.bench_ray [--threads 1] [--prompts 16] [--new-tokens 32] [--rounds 5]
-        [--stream-ms 20] [--out FILE]
+        [--stream-ms 100] [--learn-cost on|off] [--out FILE]
 
 Uses the bundled pair and its held-out prompts; if the bundled weights are missing, random models
 of the same size and random prompts (said in the output; acceptance is then near 0, so this
@@ -70,16 +70,19 @@ def fresh_stats(depth: int) -> EngineStats:
     return EngineStats(pos_verified=np.zeros(depth, np.int64), pos_accepted=np.zeros(depth, np.int64))
 
 
-def make_engine(target, draft, cost, batch: int, depth: int) -> Engine:
+def make_engine(target, draft, cost, batch: int, depth: int, learn_cost: bool) -> Engine:
     """One runner and controller for every round, as a replica keeps its own across requests."""
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth)
-    return Engine(runner, Controller(make_policy("dspark"), depth, cost=copy.deepcopy(cost)), max_batch=batch)
+    ctl = Controller(make_policy("dspark"), depth, cost=copy.deepcopy(cost), learn_cost=learn_cost)
+    return Engine(runner, ctl, max_batch=batch)
 
 
-def make_cluster(spec: PairSpec, cost, batch: int, depth: int, threads: int, stream_s: float) -> ClusterController:
+def make_cluster(spec: PairSpec, cost, batch: int, depth: int, threads: int, stream_s: float,
+                 learn_cost: bool) -> ClusterController:
     rc = ReplicaConfig(pair=spec, n_slots=batch, max_depth=depth, threads=threads, device="cpu")
     return ClusterController(make_policy("dspark"), ClusterConfig(replicas=1, replica=rc, metrics=True,
-                                                                  stream_s=stream_s), cost=copy.deepcopy(cost))
+                                                                  stream_s=stream_s), cost=copy.deepcopy(cost),
+                             learn_cost=learn_cost)
 
 
 def timed_engine(eng: Engine, reqs: list[Request], depth: int) -> float:
@@ -109,6 +112,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timed runs of each path, in turn")
     ap.add_argument("--stream-ms", type=float, default=ClusterConfig.stream_s * 1000,
                     help="the cluster's stream_s, in ms (default: as `generate --ray`)")
+    ap.add_argument("--learn-cost", choices=["on", "off"], default="on",
+                    help="refine the cost model from measured step times, on both paths (off: the profiled "
+                         "table decides, so both paths weigh drafting alike)")
     ap.add_argument("--out", default=str(default_out("bench_ray")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()
     meta = stamp(sys.argv)
@@ -119,14 +125,14 @@ def main() -> None:
     depth = args.max_depth
     print(f"{what}: target {target.num_params() / 1e6:.1f}M, draft {draft.num_params() / 1e6:.2f}M params, cpu, "
           f"{args.threads} thread(s) per process; {len(prompts)} prompts x {args.new_tokens} new tokens; "
-          f"policy dspark, K={depth}\n")
+          f"policy dspark, K={depth}, cost model learning {args.learn_cost}\n")
     print(f"{args.rounds} rounds, each path in turn; tok/s and ms/step are medians over rounds, accept-len the mean\n")
     print("batch  path             tok/s   steps  ms/step  accept-len   ray / in-process: median [min, max]")
     notes, rows = [], []
     for batch in (1, 16):
-        eng = make_engine(target, draft, cost, batch, depth)
+        eng = make_engine(target, draft, cost, batch, depth, args.learn_cost == "on")
         eng.run(requests(prompts[:2], 4))  # warm-up: first-call costs out of the timing, on both paths
-        cc = make_cluster(spec, cost, batch, depth, args.threads, args.stream_ms / 1000)
+        cc = make_cluster(spec, cost, batch, depth, args.threads, args.stream_ms / 1000, args.learn_cost == "on")
         cc.run(requests(prompts[:2], 4))
         e_walls, c_walls, e_stats, c_stats = [], [], [], []
         busy = ctl = 0.0

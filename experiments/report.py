@@ -86,9 +86,15 @@ SECTIONS: tuple[Section, ...] = (
             "Simulated sequence-steps per minute of wall time on a synthetic trace, one thread.",
             "python -m specdepth.experiments.bench_replay"),
     Section("bench_ray", "Ray replicas",
-            "The live engine as Ray replica actors, each running the step loop itself in rounds, against "
-            "the in-process engine: same pair, prompts, policy and cost model.",
+            "The live engine as a Ray replica actor, running the step loop on its own thread, against the "
+            "in-process engine: same pair, prompts, policy and cost model, each path learning its cost "
+            "model from its own step times (as deployed); paired rounds, median ratio with its spread.",
             "python -m specdepth.experiments.bench_ray"),
+    Section("bench_ray_fixed_cost", "Ray replicas, like for like",
+            "As above, with cost-model learning off on both paths: the profiled table decides, so both "
+            "paths weigh drafting alike and the ratio measures the Ray path's own overhead.",
+            "python -m specdepth.experiments.bench_ray --learn-cost off "
+            "--out experiments/results/bench_ray_fixed_cost.json"),
     Section("bench_serve", "Serving: specdepth serve against the in-process engine",
             "A closed loop of streaming HTTP clients (the real OpenAI wire format) against `specdepth serve`, "
             "and the same loop on the in-process engine, per concurrency and policy.",
