@@ -320,6 +320,10 @@ def _draft_nothing(seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
 
 
 ReplicaActor = ray.remote(max_concurrency=2)(Replica)  # exchange, and a nudge beside it
+# glibc gives the loop thread an arena of its own, which it shrinks and regrows around every
+# step's activations (page faults each step); one arena keeps those pages. Merged with the job's
+# runtime_env; a value in the caller's environment wins.
+ACTOR_ENV = {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1")}
 
 
 def create_replica(config: ReplicaConfig, index: int, num_gpus: float, policy: Any = None, cost: Any = None,
@@ -333,4 +337,5 @@ def create_replica(config: ReplicaConfig, index: int, num_gpus: float, policy: A
         policy, cost, learn_cost: its Controller's (None policy: a replica that drafts nothing).
     """
     return ReplicaActor.options(num_gpus=num_gpus, num_cpus=config.num_cpus, max_restarts=config.max_restarts,
-                                max_task_retries=0).remote(config, index, policy, cost, learn_cost)
+                                max_task_retries=0, runtime_env={"env_vars": ACTOR_ENV}
+                                ).remote(config, index, policy, cost, learn_cost)

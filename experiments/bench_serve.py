@@ -106,6 +106,19 @@ def _stream(port: int, prompt: list[int], new_tokens: int) -> tuple[float, float
     return t_send, t_first, t_last, tokens
 
 
+def transport_ms(port: int, n: int = 50) -> float:
+    """The HTTP path with no model in it, p50 ms: `GET /health`, client -> Serve's proxy -> the
+    ingress and back (a floor under what the server adds to every request)."""
+    def get() -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        t0 = time.perf_counter()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        conn.close()
+        return time.perf_counter() - t0
+    return _pct([get() for _ in range(n)], 50) * 1e3
+
+
 def served(port: int, prompts: list[list[int]], conc: int, n_req: int, new_tokens: int) -> dict:
     """The closed loop through HTTP: C client threads, each sending its next request at once."""
     results: list[tuple[float, float, float, int]] = []
@@ -182,13 +195,14 @@ def main() -> None:
           f"{os.cpu_count()} cores\n")
     print(f"{'policy':12s} {'C':>3s} {'path':10s} {'tok/s':>8s} {'TTFT p50':>9s} {'p99':>7s} "
           f"{'TPOT p50':>9s} {'p99':>7s}  served/in-process")
-    rows = []
+    rows, floors = [], []
     try:
         for policy in args.policies:
             base = {c: in_process(policy, cost, prompts, c, args.requests or max(16, 4 * c), args.new_tokens)
                     for c in args.concurrency}
             srv = Server(policy, cost_file.name, max(args.concurrency), args.stream_ms)
             try:
+                floors.append(transport_ms(srv.port))
                 for c in args.concurrency:
                     n = args.requests or max(16, 4 * c)
                     served(srv.port, prompts, c, min(n, c), args.new_tokens)  # warm-up
@@ -210,7 +224,10 @@ def main() -> None:
                           "TPOT p99 ms", "served / in-process"], rows,
                          ["s", "d", "s", ".1f", ".1f", ".1f", ".2f", ".2f", ".2f"])],
         "notes": ["bundled pair, greedy, held-out prompts; one quick-profiled cost table for both paths; "
-                  "TTFT from send to the first non-empty chunk"]}, meta)
+                  "TTFT from send to the first non-empty chunk",
+                  f"Serve's HTTP path alone (GET /health through the proxy to the ingress and back, no model), "
+                  f"p50 per server: {', '.join(f'{f:.1f}' for f in floors)} ms"]}, meta)
+    print(f"Serve's HTTP path alone (GET /health round trip, p50): {', '.join(f'{f:.1f}' for f in floors)} ms")
     print(f"wrote {args.out}", file=sys.stderr)
 
 
