@@ -240,7 +240,7 @@ def test_disconnect_frees_the_slot(server):
     r = urllib.request.urlopen(req, timeout=30)
     assert r.readline().startswith(b"data: ")
     r.close()
-    deadline = time.monotonic() + 3  # 900 tokens take far longer; a round is 20 ms
+    deadline = time.monotonic() + 3  # 900 tokens take far longer; a cancel nudges the replica at once
     while sum(rep["running"] for rep in _get(base, "/debug/replicas")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert sum(rep["running"] for rep in _get(base, "/debug/replicas")) == 0
