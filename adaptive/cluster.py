@@ -32,7 +32,6 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import numpy as np
 import ray
 
 from specdepth.adaptive.acceptance import AcceptanceModel
@@ -109,10 +108,6 @@ class ReplicaState:
     busy_s: float = 0.0  # summed time its loop spent stepping (as its answers report)
     exchanges: int = 0  # answers taken
     controller_s: float = 0.0  # summed time in the cluster: building exchanges, pooling, streaming
-
-
-def _stats(max_depth: int) -> EngineStats:
-    return EngineStats(pos_verified=np.zeros(max_depth, np.int64), pos_accepted=np.zeros(max_depth, np.int64))
 
 
 def _kill(handle: Any, restart: bool = False) -> None:
@@ -196,7 +191,7 @@ class ClusterController:
             for h in handles:
                 _kill(h)
             raise RuntimeError(f"a replica failed to start: {e}") from e
-        self.replicas = [ReplicaState(i, h, pid=inf["pid"], stats=_stats(rc.max_depth))
+        self.replicas = [ReplicaState(i, h, pid=inf["pid"], stats=EngineStats.empty(rc.max_depth))
                          for i, (h, inf) in enumerate(zip(handles, self.infos))]
         if cost == "profile":
             from specdepth.adaptive.cost_model import CostModel
@@ -209,7 +204,7 @@ class ClusterController:
         self.queue: deque[_Seq] = deque()
         self.seqs: dict[int, _Seq] = {}  # running: sequence id -> request
         self.seq_no = 0
-        self.stats = _stats(rc.max_depth)
+        self.stats = EngineStats.empty(rc.max_depth)
         self.metrics = _Metrics(config.metrics, rc.max_depth)
 
     def _create(self, rid: int) -> Any:
@@ -307,15 +302,15 @@ class ClusterController:
             if wake is not None:
                 time.sleep(wake)
             return
-        timeout = self._call_timeout()
-        timeout = wake if timeout is None else timeout if wake is None else min(timeout, wake)
+        limit = self._call_timeout()
+        timeout = wake if limit is None else limit if wake is None else min(limit, wake)
         ready, _ = ray.wait(list(waiting), num_returns=1, timeout=timeout)
         if ready:
             self._process(waiting[ready[0]])
             return
         now = time.perf_counter()
         for rep in waiting.values():
-            if self._call_timeout() is not None and now - rep.t_submit > self._call_timeout():
+            if limit is not None and now - rep.t_submit > limit:
                 log.warning("replica %d: no answer for %.0f s; killing it", rep.rid, now - rep.t_submit)
                 _kill(rep.handle, restart=True)  # its call now fails: handled as a failure
 

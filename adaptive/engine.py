@@ -76,6 +76,11 @@ class RequestOutput:
     t_first: float = 0.0
     t_done: float = 0.0
 
+    @classmethod
+    def empty(cls, max_depth: int) -> "EngineStats":
+        """No steps yet, with per-position counts for draft positions 1..max_depth."""
+        return cls(pos_verified=np.zeros(max_depth, np.int64), pos_accepted=np.zeros(max_depth, np.int64))
+
     @property
     def acceptance_length(self) -> float:
         """Mean emitted tokens per step (accepted + the target's own token)."""
@@ -103,6 +108,11 @@ class EngineStats:
     # per step: (N step tokens, context tokens, draft_s, target_s, draft passes, batch size, seconds
     # outside the model passes (nan where not measured))
     step_log: list[tuple[int, int, float, float, int, int, float]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, max_depth: int) -> "EngineStats":
+        """No steps yet, with per-position counts for draft positions 1..max_depth."""
+        return cls(pos_verified=np.zeros(max_depth, np.int64), pos_accepted=np.zeros(max_depth, np.int64))
 
     @property
     def acceptance_length(self) -> float:
@@ -204,8 +214,7 @@ class Engine:
         self.step_no = 0
         self._overhead: tuple[float, int] | None = None  # the last step's time outside the passes; its draft passes
         self.seq_no = 0
-        self.stats = EngineStats(pos_verified=np.zeros(runner.max_depth, np.int64),
-                                 pos_accepted=np.zeros(runner.max_depth, np.int64))
+        self.stats = EngineStats.empty(runner.max_depth)
         self._ids: dict[int, int] = {}  # slot -> sequence id (stable per request)
         self.finished_ids: list[int] = []  # sequence ids that left in the last step
         self.last_record: StepRecord | None = None  # the last step the controller learned from

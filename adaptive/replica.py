@@ -141,14 +141,13 @@ class Replica:
         threading.Thread(target=self._loop, name="specdepth-replica-loop", daemon=True).start()
 
     def _empty(self) -> Progress:
-        return Progress(self.incarnation, os.getpid(), stats=_stats(self.runner.max_depth))
+        return Progress(self.incarnation, os.getpid(), stats=EngineStats.empty(self.runner.max_depth))
 
     def _fresh(self) -> None:
         """An empty loop (every sequence dropped)."""
         for slot in list(self.runner.seqs):
             self.runner.remove(slot)
         self.engine = Engine(self.runner, self.ctl if self.ctl is not None else _draft_nothing, eos_ids=self.eos_ids)
-        self.engine.stats = _stats(self.runner.max_depth)
         self.outs: dict[int, RequestOutput] = {}  # sequence id -> what the loop is filling
         self._seen: dict[int, tuple[int, int, int, int]] = {}  # sequence id -> counts already reported
 
@@ -277,7 +276,7 @@ class Replica:
         if rec is not None:
             report.observations.append((rec.seq_ids, rec.result.top1, rec.result.entropy,
                                         rec.result.verified, rec.result.accepted, rec.finished))
-        report.stats, eng.stats = eng.stats, _stats(self.runner.max_depth)
+        report.stats, eng.stats = eng.stats, EngineStats.empty(self.runner.max_depth)
         for sid, out in list(self.outs.items()):
             n, s, v, a = self._seen.get(sid, (0, 0, 0, 0))
             if len(out.output_ids) == n and out.finish_reason is None:
@@ -308,10 +307,6 @@ class Replica:
         r.fallbacks = dict(Counter(r.fallbacks) + Counter(new.fallbacks))
         r.urgent |= new.urgent
         r.busy_s += new.busy_s
-
-
-def _stats(max_depth: int) -> EngineStats:
-    return EngineStats(pos_verified=np.zeros(max_depth, np.int64), pos_accepted=np.zeros(max_depth, np.int64))
 
 
 def _draft_nothing(seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:

@@ -66,10 +66,6 @@ def requests(prompts: list[list[int]], new_tokens: int) -> list[Request]:
     return [Request(str(i), p, new_tokens, ignore_eos=True) for i, p in enumerate(prompts)]
 
 
-def fresh_stats(depth: int) -> EngineStats:
-    return EngineStats(pos_verified=np.zeros(depth, np.int64), pos_accepted=np.zeros(depth, np.int64))
-
-
 def make_engine(target, draft, cost, batch: int, depth: int, learn_cost: bool) -> Engine:
     """One runner and controller for every round, as a replica keeps its own across requests."""
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth)
@@ -86,18 +82,18 @@ def make_cluster(spec: PairSpec, cost, batch: int, depth: int, threads: int, str
 
 
 def timed_engine(eng: Engine, reqs: list[Request], depth: int) -> float:
-    eng.stats = fresh_stats(depth)
+    eng.stats = EngineStats.empty(depth)
     t0 = time.perf_counter()
     eng.run(reqs)
     return time.perf_counter() - t0
 
 
 def timed_cluster(cc: ClusterController, reqs: list[Request], depth: int) -> float:
-    cc.stats = fresh_stats(depth)
+    cc.stats = EngineStats.empty(depth)
     for rep in cc.replicas:
         rep.busy_s = rep.controller_s = 0.0
         rep.exchanges = 0
-        rep.stats = fresh_stats(depth)
+        rep.stats = EngineStats.empty(depth)
     t0 = time.perf_counter()
     cc.run(reqs)
     return time.perf_counter() - t0
