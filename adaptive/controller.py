@@ -87,7 +87,7 @@ class Controller:
         Args:
             policy: the depth policy.
             max_depth: K, the largest draft budget.
-            cost: a cost model (adaptive.cost_model); default: a fixed 1 ms / 0.1 ms model.
+            cost: a cost model (adaptive.cost.model); default: a fixed 1 ms / 0.1 ms model.
             acceptance: an acceptance model (adaptive.acceptance); default: a fresh one.
             learn_cost: refine the cost model from measured step times (off for exact replays).
             time_verify: time the causal `verify` calls, for the policy's `StepOutcome` (default:
@@ -95,8 +95,8 @@ class Controller:
         Raises:
             ValueError: the policy asks for a fixed depth past max_depth (it would be clamped).
         """
-        from specdepth.adaptive.acceptance import AcceptanceModel
-        from specdepth.adaptive.cost_model import FixedCost
+        from specdepth.adaptive.acceptance.model import AcceptanceModel
+        from specdepth.adaptive.cost.model import FixedCost
         check_depths(policy, max_depth)
         self.policy = policy
         self.max_depth = max_depth

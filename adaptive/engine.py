@@ -1,7 +1,7 @@
 """The step loop: continuous batching around a runner, depths from a Controller.
 
 One loop for every way specdepth runs: in process over a `PairRunner`, inside a Ray replica
-(adaptive/replica.py), and in replay over a trace runner (experiments/replay.py); the `Runner`
+(adaptive/replicas/replica.py), and in replay over a trace runner (experiments/replay/simulator.py); the `Runner`
 protocol is all it needs of them. Requests wait in a queue and take a free slot as others finish.
 Each step: the controller plans draft budgets (capped by what each request may still emit), the
 runner drafts, verifies and commits, emitted tokens stream to their requests (`on_token`), the

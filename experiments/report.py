@@ -73,32 +73,32 @@ SECTIONS: tuple[Section, ...] = (
     Section("bench_live", "Live: the bundled pair on CPU, every policy side by side",
             "Greedy, held-out prompts, closed loops at each batch size; all policies' engines step in turn, "
             "so ratios between them are measured together and absolute tokens/s move with the machine's load.",
-            "python -m specdepth.experiments.bench_live"),
+            "python -m specdepth.experiments.bench.live"),
     Section("bench_controller", "Controller decision time",
             "dspark's own time per step (plan, keep_drafting after each draft pass, the causal verify calls), "
             "K = 8, caches warm, on three cost models.",
-            "python -m specdepth.experiments.bench_controller"),
+            "python -m specdepth.experiments.bench.controller"),
     Section("bench_engine", "Engine: fixed depths, forward passes, ragged verification",
             "The bundled pair on CPU with fixed draft depths (no controller), the target's pass time by step "
             "tokens, ragged verify passes, and step time against generated length.",
-            "python -m specdepth.experiments.bench_engine"),
+            "python -m specdepth.experiments.bench.engine"),
     Section("bench_replay", "Replay simulator speed",
             "Simulated sequence-steps per minute of wall time on a synthetic trace, one thread.",
-            "python -m specdepth.experiments.bench_replay"),
+            "python -m specdepth.experiments.bench.replay"),
     Section("bench_ray", "Ray replicas",
             "The live engine as a Ray replica actor, running the step loop on its own thread, against the "
             "in-process engine: same pair, prompts, policy and cost model, each path learning its cost "
             "model from its own step times (as deployed); paired rounds, median ratio with its spread.",
-            "python -m specdepth.experiments.bench_ray"),
+            "python -m specdepth.experiments.bench.replicas"),
     Section("bench_ray_fixed_cost", "Ray replicas, like for like",
             "As above, with cost-model learning off on both paths: the profiled table decides, so both "
             "paths weigh drafting alike and the ratio measures the Ray path's own overhead.",
-            "python -m specdepth.experiments.bench_ray --learn-cost off "
+            "python -m specdepth.experiments.bench.replicas --learn-cost off "
             "--out experiments/results/bench_ray_fixed_cost.json"),
     Section("bench_serve", "Serving: specdepth serve against the in-process engine",
             "A closed loop of streaming HTTP clients (the real OpenAI wire format) against `specdepth serve`, "
             "and the same loop on the in-process engine, per concurrency and policy.",
-            "python -m specdepth.experiments.bench_serve"),
+            "python -m specdepth.experiments.bench.serve"),
 )
 
 HEADER = """# Results

@@ -15,7 +15,7 @@ costs more time than it earns. Per-step maximisation is greedy, not a proof of o
 whole run, but no depth policy with this draft sees more, so in practice it is the ceiling.
 
 The true match lengths come in `PlanContext.oracle_match`, which only the replay simulator sets
-(`experiments/replay.py`, already capped by the tokens each request may still emit). Live, where
+(`experiments/replay/simulator.py`, already capped by the tokens each request may still emit). Live, where
 nobody knows them, `plan` raises.
 """
 

@@ -18,7 +18,7 @@ def ray_session():
     # Ray's workers import specdepth as installed; tests' factories ("tests.pairs:...") need the checkout.
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
-    from specdepth.adaptive.ray_local import init_ray
+    from specdepth.adaptive.replicas.ray_local import init_ray
 
     started = init_ray(num_cpus=2)
     yield ray

@@ -19,7 +19,7 @@ from specdepth.workers.model import ModelConfig, Transformer
 def tiny_pair(vocab: int = 96, dim: int = 64, n_layers: int = 2, noise: float = 0.35, sharpen: float = 4.0,
               max_seq_len: int = 256, seed: int = 0, device: str | None = None) -> tuple[Transformer, Transformer]:
     """The pair, built on the CPU (same weights everywhere) and moved to `device` (default: the
-    SPECDEPTH_DEVICE environment variable, else cpu; experiments/gpu_check.py sets it to cuda)."""
+    SPECDEPTH_DEVICE environment variable, else cpu; experiments/bench/gpu_check.py sets it to cuda)."""
     cfg = ModelConfig(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
                       ffn_dim=2 * dim, max_seq_len=max_seq_len, tie_embeddings=False)
     target = Transformer(cfg)

@@ -19,7 +19,7 @@ def specdepth(*args: str, cwd: Path, pythonpath: Path, timeout: float = 300) -> 
     """The installed `specdepth` command, with `pythonpath` first on PYTHONPATH and `cwd` elsewhere."""
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     exe = Path(sys.executable).with_name("specdepth")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specdepth.experiments.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specdepth.experiments.cli.main"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 

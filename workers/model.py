@@ -219,9 +219,8 @@ def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
 # A ragged batch attends as one (B, T) part, padded, while its B x T queries are at most PAD_LIMIT x
 # the queries of the two-part split (`attention_parts`). Padding reads each sequence's keys once,
 # the split reads the longer rows' keys twice and pays a second call, but padded queries cost
-# compute. On the bundled pair (2-core CPU, ~200 keys per sequence) padding was 4-13% faster
-# where most rows were longer than 1 (the draft's catch-up pass, dense verifies), and 7-33%
-# slower with one long row among many of 1 (6-8x the split's queries).
+# compute: it pays where most rows are longer than 1, not with one long row among many of 1
+# (measurements in docs/benchmarks.md).
 PAD_LIMIT = 1.5
 
 

@@ -44,7 +44,7 @@ class StepResult:
     entropy: np.ndarray  # (B, J) float
     draft_s: float  # wall time of all draft passes (the keep_fn callbacks excluded)
     target_s: float  # wall time of the target's forward (synchronised); building its input, the verdict
-    # and the commit are the step's overhead, as the profile times forwards alone (adaptive/profiler.py)
+    # and the commit are the step's overhead, as the profile times forwards alone (adaptive/cost/profiler.py)
     draft_passes: int
     step_tokens: int  # N = sum_r (d_r + 1)
     context_tokens: int  # sum of committed lengths before the step

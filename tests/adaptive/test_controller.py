@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from specdepth.adaptive.acceptance import AcceptanceModel
+from specdepth.adaptive.acceptance.model import AcceptanceModel
 from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.engine import Engine, Request
 from specdepth.policies.base import DepthPolicy
@@ -288,7 +288,7 @@ def test_custom_policy_from_module_cli(tmp_path):
     log = tmp_path / "calls.log"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "MYPOLICY_LOG": str(log),
            "SPECDEPTH_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli", "generate", "--prompt", "def f(x):",
+    out = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli.main", "generate", "--prompt", "def f(x):",
                           "--max-new-tokens", "6", "--policy", "tmpmod:MyPolicy", "--json",
                           "--cost", "fixed:target_ms=5,draft_ms=1", "--threads", "1"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
@@ -322,7 +322,7 @@ def test_every_builtin_policy_is_lossless_on_the_bundled_pair(bundled, spec):
 
 
 def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
-    from tests.adaptive.test_cost_model import make_profiled
+    from tests.adaptive.cost.test_model import make_profiled
     reqs, _ = workload
     cost = make_profiled()
     ctl = Controller(make_policy("static:k=2"), max_depth=8, cost=cost)
@@ -362,7 +362,7 @@ def test_policies_see_the_cost_priced_at_the_step_s_batch(pair, workload, learn)
     """With a model that prices step shapes (a profiled decode table), each step's policy calls
     see one view of it bound to that step's batch size; `cost_learns` says whether the
     controller refines the model (never in a replay)."""
-    from tests.adaptive.test_cost_model import make_profiled
+    from tests.adaptive.cost.test_model import make_profiled
     base = make_profiled()
     cost = make_profiled(decode_s=base.target_table[:, [0, 3, 6]] * 0.8)
     policy = CostRecorder()

@@ -15,12 +15,12 @@ from specdepth.experiments import report
 from specdepth.experiments.results_io import (RESULTS_DIR, ResultsError, load_result, sidecar, stamp, table,
                                               write_result)
 
-META = {"command": "python -m specdepth.experiments.bench_controller --steps 10", "commit": "abc1234",
+META = {"command": "python -m specdepth.experiments.bench.controller --steps 10", "commit": "abc1234",
         "dirty": [], "date": "2026-12-05T01:02:03+00:00",
         "machine": {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.13.0+cpu", "gpu": None, "python": "3.11.7"}}
 ONLY = (report.Section("bench_controller", "Controller decision time", "A caption.", "python -m x"),
         report.Section("sweep", "Sweep", "", "specdepth replay ..."),
-        report.Section("bench_live", "Live", "", "python -m specdepth.experiments.bench_live"))
+        report.Section("bench_live", "Live", "", "python -m specdepth.experiments.bench.live"))
 
 
 def _replay_rows() -> list[dict]:
@@ -41,7 +41,7 @@ def test_a_stamped_result_becomes_its_table_under_its_stamp(tmp_path: Path) -> N
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
                 "| dense | 1 | 23.9 | 30.2 | 34.1 | 89.1 | 87.7 | 105.1 | 6 |")
     assert expected in text
-    assert ("Command: `python -m specdepth.experiments.bench_controller --steps 10`  \n"
+    assert ("Command: `python -m specdepth.experiments.bench.controller --steps 10`  \n"
             "Commit `abc1234` (clean tree) · 2026-12-05 01:02:03 UTC · Test CPU 9000, 2 cores, "
             "torch 2.13.0+cpu, no GPU") in text
     assert "## Controller decision time\n\nA caption.\n" in text
@@ -51,7 +51,7 @@ def test_a_stamped_result_becomes_its_table_under_its_stamp(tmp_path: Path) -> N
 def test_a_missing_benchmark_is_one_line_with_its_command(tmp_path: Path) -> None:
     text = report.generate(tmp_path, tmp_path / "RESULTS.md", ONLY)
     assert ("## Live\n\nNot run since the results format was introduced. To produce it: "
-            "`python -m specdepth.experiments.bench_live`\n") in text
+            "`python -m specdepth.experiments.bench.live`\n") in text
 
 
 def test_replay_lines_with_a_sidecar_are_stamped_and_ratios_are_computed(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ FLAT = LinearCost(target_s=0.02, draft_s=1e-5)  # every step token is free
 def test_the_prices_draft_pass_by_rows_is_the_cost_model_s_line() -> None:
     """keep_drafting's pass of k = 1..B rows: linear between the cost model's draft_time(1) and
     draft_time(B) (keep_kernel draws the line), the same numbers at B = 1 without asking the model again."""
-    from specdepth.adaptive.cost_model import load_cost
+    from specdepth.adaptive.cost.model import load_cost
     cost = load_cost(Path(__file__).resolve().parents[2] / "experiments" / "profiles" / "cpu-bundled.json")
     for b, ctx in ((1, 0), (1, 300), (4, 300), (64, 9000)):
         view = cost.at_batch(b)

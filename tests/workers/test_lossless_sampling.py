@@ -114,7 +114,7 @@ def test_negative_control_leaking_rule_is_caught(pair, compile):
 @pytest.mark.parametrize("spec", ["dspark", "random"])
 def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile):
     from specdepth.adaptive.controller import Controller
-    from specdepth.adaptive.cost_model import FixedCost
+    from specdepth.adaptive.cost.model import FixedCost
     from specdepth.policies.registry import make_policy
     from tests.adaptive.test_controller import RandomPolicy
     target, draft = pair
