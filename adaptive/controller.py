@@ -100,6 +100,7 @@ class Controller:
         check_depths(policy, max_depth)
         self.policy = policy
         self.max_depth = max_depth
+        self.free_draft = False  # drafting runs no model pass (`draft_is_free`)
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.learn_cost = learn_cost
@@ -112,6 +113,22 @@ class Controller:
         self.fallbacks: Counter[str] = Counter()
         self._causal = policy.overrides("verify")
         self._now = _StepState(-1)
+
+    @property
+    def cost(self) -> Any:
+        """The cost model the policy plans with (adaptive.cost)."""
+        return self._cost
+
+    @cost.setter
+    def cost(self, cost: Any) -> None:
+        from specdepth.adaptive.cost.free_draft import FreeDraftCost
+        self._cost = FreeDraftCost(cost) if self.free_draft and hasattr(cost, "to_dict") else cost
+
+    def draft_is_free(self) -> None:
+        """The runner drafts without a model (n-gram, suffix): price its draft passes at 0 from
+        now on, whatever cost model is set (`adaptive.cost.free_draft`)."""
+        self.free_draft = True
+        self.cost = self._cost
 
     def _state(self, step: int) -> _StepState:
         """The state of `step`, fresh when it is a new step (the last step's priors then close)."""

@@ -206,6 +206,8 @@ class Engine:
         """
         self.runner = runner
         self.depth = depth
+        if isinstance(depth, Controller) and getattr(getattr(runner, "drafter", None), "model_free", False):
+            depth.draft_is_free()
         self.eos_ids = set(eos_ids)
         self.clock = clock
         self.max_batch = min(max_batch or runner.n_slots, runner.n_slots)

@@ -64,6 +64,9 @@ def test_the_wheel_holds_one_top_level_name_and_works_without_the_checkout(tmp_p
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"specdepth"}, tops
     assert "specdepth/workers/bundled_pair/target.safetensors" in names
+    ours = {f"specdepth/{p.relative_to(REPO).as_posix()}" for d in ("adaptive", "policies", "workers", "experiments")
+            for p in (REPO / d).rglob("*.py")}
+    assert not ours - set(names), sorted(ours - set(names))  # every subpackage is packaged
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {**os.environ, "PYTHONPATH": str(site)}

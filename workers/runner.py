@@ -1,11 +1,12 @@
-"""PairRunner: a draft model and a target model over many sequences, one speculative step at a time.
+"""PairRunner: a drafter and a target model over many sequences, one speculative step at a time.
 
-The runner owns the two KV caches and each sequence's committed tokens. Cache invariant: for a
-sequence of n committed tokens, the target's slot holds n - 1 positions (the last committed token
-is fed at the start of the next step), and the draft's slot holds at most n - 1 (it catches up on
-whatever it lacks in its first pass of the next draft). `step` is the whole speculative step:
-draft, verify in one ragged target pass, rejection-sample, roll back; the depth decisions come in
-as callbacks so that no policy logic lives here.
+The runner owns the two KV caches and each sequence's committed tokens; a drafter
+(`workers/drafters/`: the draft model, n-gram lookup) proposes the draft tokens. Cache
+invariant: for a sequence of n committed tokens, the target's slot holds n - 1 positions (the
+last committed token is fed at the start of the next step), and the draft model's slot holds at
+most n - 1 (it catches up on whatever it lacks in its first pass of the next draft). `step` is
+the whole speculative step: draft, verify in one ragged target pass, rejection-sample, roll
+back; the depth decisions come in as callbacks so that no policy logic lives here.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import numpy as np
 import torch
 
 from specdepth.workers.compiled import compile_pair
-from specdepth.workers.drafting import KeepFn, draft_loop
+from specdepth.workers.drafters.base import Drafter
+from specdepth.workers.drafters.registry import make_drafter
+from specdepth.workers.drafting import KeepFn
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer
 from specdepth.workers.padding import free_verify
-from specdepth.workers.sampler import (SamplingParams, confidence_features, greedy_verify, probs_from_logits,
-                             rejection_sample, sample)
+from specdepth.workers.sampler import SamplingParams, greedy_verify, probs_from_logits, rejection_sample
 
 # verify_fn(top1 (B, J), entropy (B, J), drafted (B,)) -> (B,) verify lengths d_r <= drafted_r
 VerifyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -58,10 +60,13 @@ class PairRunner:
     def __init__(self, target: Transformer, draft: Transformer, n_slots: int, max_depth: int,
                  sampling: SamplingParams = SamplingParams(), seed: int = 0,
                  max_len: int | None = None, compile: str = "off",
-                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, progress: bool = False) -> None:
+                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, progress: bool = False,
+                 drafter: str | Drafter = "model", drafter_options: dict | None = None) -> None:
         """Args beyond the obvious: compile: the passes' path, auto|on|off (`workers/compiled.py`);
         buckets: (batch sizes, tokens per sequence) to compile instead of the defaults;
-        progress: a progress bar on stderr while compiling."""
+        progress: a progress bar on stderr while compiling; drafter: what proposes the draft
+        tokens, a name in `workers.drafters.registry` (model, ngram) or a `Drafter`;
+        drafter_options: keyword arguments for a named drafter (ngram: ngram_min, ngram_max)."""
         self.target, self.draft = target, draft
         # the ids both models have rows for: padded checkpoints of one tokenizer differ past them
         # (workers/hf_loader.py checks the tokenizers); the draft proposes only these
@@ -80,6 +85,8 @@ class PairRunner:
         # the step's passes: the models themselves, or their compiled forwards (same call, same results)
         self.target_pass, self.draft_pass, self.compile_summary = compile_pair(
             target, draft, self.tcache, self.dcache, compile, max_depth, progress, buckets)
+        self.drafter: Drafter = make_drafter(drafter, self, **(drafter_options or {})) \
+            if isinstance(drafter, str) else drafter
 
     @property
     def vocab_size(self) -> int:
@@ -100,20 +107,19 @@ class PairRunner:
         slots = []
         for tokens in seqs:
             slot = self.tcache.allocate()
-            assert slot == self.dcache.allocate(), "draft and target caches allocate in lockstep"
             self.seqs[slot] = list(tokens)
             slots.append(slot)
         todo = [(s, t[:-1]) for s, t in zip(slots, seqs) if len(t) > 1]
         if todo:
             T = max(len(t) for _, t in todo)
-            x = torch.zeros((len(todo), T), dtype=torch.long)
+            x = torch.zeros((len(todo), T), dtype=torch.long)  # (b, T) all but each last token, padded
             for i, (_, t) in enumerate(todo):
                 x[i, : len(t)] = torch.tensor(t)
             sl = torch.tensor([s for s, _ in todo], device=self.device)
             n = torch.tensor([len(t) for _, t in todo], device=self.device)
             with torch.inference_mode():
-                for model, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
-                    model(cache, sl, x.to(self.device), n, logits=False)
+                self.target(self.tcache, sl, x.to(self.device), n, logits=False)
+        self.drafter.add(slots, [list(t) for t in seqs])
         return slots
 
     def context_lens(self, slots: np.ndarray) -> np.ndarray:
@@ -123,7 +129,7 @@ class PairRunner:
     def remove(self, slot: int) -> None:
         self.seqs.pop(slot)
         self.tcache.release(slot)
-        self.dcache.release(slot)
+        self.drafter.remove(slot)
 
     # ---- the speculative step ---------------------------------------------------------------
     @torch.inference_mode()
@@ -140,7 +146,8 @@ class PairRunner:
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
-        tokens, qprobs, dr = self._draft(slots, budgets, keep_fn)
+        prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn)
+        tokens, qprobs, dr = prop.tokens, prop.qprobs, prop.drafted
         drafted, top1, ent, keep_s = dr.drafted, dr.top1, dr.entropy, dr.keep_s
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
         t1 = time.perf_counter()
@@ -177,47 +184,11 @@ class PairRunner:
             new = out[r][: accepted[r] + 1]
             self.seqs[s].extend(new)
             self.tcache.truncate(s, n + accepted[r])  # keep prefix + accepted drafts
-            self.dcache.truncate(s, min(self.dcache.lengths[s], n + accepted[r]))
+            self.drafter.commit(s, len(self.seqs[s]))
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
                           t1 - t0 - keep_s, target_s, dr.passes, int((verify + 1).sum()), ctx_tokens,
                           failed, keep_s + t_verify, keep_s, dr.first_pass_s)
-
-    def _draft(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None):
-        """Sequential draft passes (`draft_loop`); returns tokens (B, J), q (B, J, V) or None, and
-        the loop's `Drafted`."""
-        B, K = len(slots), int(budgets.max(initial=0))
-        tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=self.device)
-        qprobs = None if self.sampling.greedy else torch.zeros((B, max(K, 1), self.vocab_size), device=self.device)
-
-        def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            if j == 0:  # catch up: everything committed that the draft cache lacks
-                pend = [self.seqs[slots[r]][self.dcache.lengths[slots[r]]:] for r in rows]
-                T = max(len(p) for p in pend)
-                inp = torch.tensor([p + [0] * (T - len(p)) for p in pend], device=self.device)  # (b, T)
-                n_new = torch.tensor([len(p) for p in pend], device=self.device)
-            else:  # one new token per row: the one drafted last
-                rows_t = torch.from_numpy(rows).to(self.device)
-                inp = tokens[rows_t, j - 1][:, None]  # (b, 1)
-                n_new = torch.ones(len(rows), dtype=torch.long, device=self.device)
-            # (b, V): x_{j+1}'s distribution, the LM head run on each row's last token only
-            last = self.draft_pass(self.dcache, torch.from_numpy(slots[rows]).to(self.device), inp, n_new, last=True)
-            last = last[:, :self.shared_vocab]  # (b, V_shared)
-            ok = np.ones(len(rows), bool)
-            if not bool(torch.isfinite(last).all()):
-                bad = self._check_finite(last[:, None], np.ones(len(rows), np.int64), "draft")
-                ok[list(bad)] = False  # a draft that cannot be trusted drafts nothing more; verification stays exact
-                last = torch.nan_to_num(last)
-            p1, h, top = confidence_features(last, with_argmax=True)
-            if self.sampling.greedy:
-                tokens[rows, j] = top  # the argmax: greedy drafting needs no probabilities
-            else:
-                q = probs_from_logits(last, self.sampling)  # (b, V_shared)
-                tokens[rows, j] = sample(q, self.gen)
-                qprobs[rows, j, :self.shared_vocab] = q  # 0 on target ids the draft lacks
-            return p1.cpu().numpy(), h.cpu().numpy(), ok
-
-        return tokens, qprobs, draft_loop(budgets, draft_pass, keep_fn)
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]

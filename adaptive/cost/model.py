@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specdepth.adaptive.cost.base import COST_KINDS, FORMAT, CostModel, _like
+from specdepth.adaptive.cost.free_draft import FreeDraftCost  # noqa: F401  (registers its kind)
 from specdepth.adaptive.cost.profiled import ProfiledCost
 from specdepth.adaptive.cost.roofline import GPUS, SHAPES, GPUSpec, ModelShape, RooflineCost, shape_for
 

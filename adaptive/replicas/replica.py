@@ -35,6 +35,7 @@ import torch
 from specdepth.adaptive.acceptance.model import AcceptanceModel
 from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.engine import Engine, EngineStats, Request, RequestOutput
+from specdepth.workers.drafters.registry import drafter_options
 from specdepth.workers.pair_spec import PairSpec, resolve_device
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams
@@ -58,6 +59,8 @@ class ReplicaConfig:
     num_cpus: float = 1.0  # per actor, for Ray's scheduling
     max_restarts: int = 2  # Ray restarts of a dead actor before the cluster recreates it
     compile: str = "off"  # the passes' path: auto, on or off (workers/compiled.py)
+    drafter: str = "model"  # what drafts: a name in workers.drafters.registry
+    ngram: tuple[int, int] = (1, 4)  # the ngram drafter's (ngram_min, ngram_max)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1 or self.max_depth < 0 or self.max_restarts < 0 or self.num_cpus < 0:
@@ -118,7 +121,8 @@ class Replica:
         self.device = resolve_device(config.device)
         target, draft, self.eos_ids, self.name = config.pair.load(self.device)
         self.runner = PairRunner(target, draft, config.n_slots, config.max_depth, config.sampling,
-                                 seed=config.seed + index, max_len=config.max_len, compile=config.compile)
+                                 seed=config.seed + index, max_len=config.max_len, compile=config.compile,
+                                 drafter=config.drafter, drafter_options=drafter_options(config.drafter, config.ngram))
         self.ctl: Optional[Controller] = None
         if policy is not None:
             # copies: arrays that come through Ray are read-only, and the cost model learns in place

@@ -44,6 +44,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=spec_types.threads, default=0, help="torch CPU threads (0: torch's default)")
 
 
+def add_drafter_args(p: argparse.ArgumentParser) -> None:
+    """--drafter and its options, for every command that drafts (workers/drafters/)."""
+    p.add_argument("--drafter", choices=("model", "ngram"), default="model",
+                   help="what proposes draft tokens: the draft model, or n-gram lookup in the "
+                   "sequence's own prompt and output (no model pass) (default: model)")
+    p.add_argument("--ngram-min", type=int_range(1, 64), default=1, help="ngram: shortest suffix matched (default 1)")
+    p.add_argument("--ngram-max", type=int_range(1, 64), default=4, help="ngram: longest suffix matched (default 4)")
+
+
 def add_compile_arg(p: argparse.ArgumentParser) -> None:
     """--compile: the passes' path (workers/compiled.py), for every command that runs the pair."""
     p.add_argument("--compile", choices=("auto", "on", "off"), default="off",
@@ -78,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "SPECDEPTH_RAY_HOST); give the machine's address only to let other machines join")
     p.add_argument("--replicas", type=positive_int, default=1, help="Ray replicas (with --ray)")
     add_model_args(p)
+    add_drafter_args(p)
     add_compile_arg(p)
     p.set_defaults(func=run)
 
@@ -91,6 +101,8 @@ def check_args(args: argparse.Namespace) -> None:
     """
     if (args.target is None) != (args.draft is None):
         raise ValueError("--target and --draft go together: give both, or neither (the bundled pair)")
+    if getattr(args, "ngram_min", 1) > getattr(args, "ngram_max", 4):
+        raise ValueError(f"--ngram-min {args.ngram_min} is above --ngram-max {args.ngram_max}")
     if args.cost != "auto":
         from specdepth.adaptive.cost.model import parse_cost
         parse_cost(args.cost)
@@ -136,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from specdepth.adaptive.engine import Engine, Request
     from specdepth.policies.registry import make_policy
     from specdepth.workers.bundled import load_pair
+    from specdepth.workers.drafters.registry import drafter_options
     from specdepth.workers.runner import PairRunner
     from specdepth.workers.sampler import SamplingParams
 
@@ -155,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     tok = pair.tokenizer
     runner = PairRunner(pair.target, pair.draft, n_slots=min(args.max_batch, max(1, len(prompts))),
                         max_depth=args.max_depth, sampling=sampling, seed=args.seed, compile=args.compile,
-                        progress=True)
+                        progress=True, drafter=args.drafter,
+                        drafter_options=drafter_options(args.drafter, (args.ngram_min, args.ngram_max)))
     print(runner.compile_summary, file=sys.stderr)
     cost = build_cost(args.cost, pair, device, runner)
     engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
@@ -164,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     outs = engine.run(reqs)
     wall = time.perf_counter() - t0
     emit_outputs(args, prompts, outs, tok)
-    print_summary(engine.stats, outs, wall, policy.describe(), engine.depth.fallbacks)
+    print_summary(engine.stats, outs, wall, f"{policy.describe()}, drafter {args.drafter}", engine.depth.fallbacks)
     return 1 if any(o.error for o in outs) else 0
 
 
@@ -262,6 +276,7 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
     tok = load_tokenizer(args.target)
     rc = ReplicaConfig(pair=PairSpec(args.target, args.draft), max_depth=args.max_depth, sampling=sampling,
                        seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile,
+                       drafter=args.drafter, ngram=(args.ngram_min, args.ngram_max),
                        n_slots=max(1, min(args.max_batch, -(-len(prompts) // max(args.replicas, 1)))))
     policy = make_policy(args.policy)
     try:
@@ -276,7 +291,7 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
             outs = cc.run(reqs)
             wall = time.perf_counter() - t0
             emit_outputs(args, prompts, outs, tok, results)
-            print_summary(cc.stats, outs, wall, policy.describe(), cc.fallbacks)
+            print_summary(cc.stats, outs, wall, f"{policy.describe()}, drafter {args.drafter}", cc.fallbacks)
     finally:
         if started:
             ray.shutdown()

@@ -78,3 +78,25 @@ def cut_prompts(files: list[Path], n_lines: int = 3) -> list[str]:
                 seen.add(prompt)
                 prompts.append(prompt)
     return prompts
+
+
+def cut_prose(files: list[Path], min_chars: int = 80, max_chars: int = 400) -> list[str]:
+    """Prose prompts from source: the English of docstrings (module, class, function), each cut to
+    its first paragraph and dedented; ordered by file then position, deduplicated. For the pair,
+    which learned code, they are the text that repeats least."""
+    prompts: list[str] = []
+    seen: set[str] = set()
+    for p in files:
+        try:
+            tree = ast.parse(read_text(p))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            doc = ast.get_docstring(node)
+            para = (doc or "").split("\n\n")[0].strip()
+            if min_chars <= len(para) <= max_chars and para not in seen:
+                seen.add(para)
+                prompts.append(para)
+    return prompts

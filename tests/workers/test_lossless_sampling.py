@@ -1,8 +1,9 @@
-"""Sampling losslessness: speculative sampling with a *sampled* draft is distributed exactly as
-target-only sampling, at the first and at a later generated position (chi-square against the exact
-target distribution, computed by enumeration on an 8-token vocabulary); and a negative control:
-DESIGN.md's leaking rule (verify a drafted token only after seeing that it is token 0) is caught
-by the same test.
+"""Sampling losslessness: speculative sampling is distributed exactly as target-only sampling, at
+the first and at a later generated position (chi-square against the exact target distribution,
+computed by enumeration on an 8-token vocabulary), for every drafter: the draft model (a *sampled*
+draft) and n-gram lookup (a deterministic one, its q one-hot). Negative controls, caught by the
+same test: DESIGN.md's leaking rule (verify a sampled draft token only after seeing that it is
+token 0), and a model-free drafter that reports a soft q for its deterministic proposal.
 """
 
 from __future__ import annotations
@@ -16,43 +17,62 @@ from scipy.stats import chisquare
 
 from tests.pairs import tiny_pair
 from specdepth.adaptive.controller import StepRecord
+from specdepth.workers.drafters.base import Proposal
+from specdepth.workers.drafters.ngram import NgramDrafter
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
-V, N_SAMPLES, PROMPT, LATER = 8, 20_000, [3, 1, 4], 3  # LATER: the 3rd generated token
+V, N_SAMPLES, LATER = 8, 20_000, 3  # LATER: the 3rd generated token
+# per drafter: the n-gram drafter needs a suffix that occurred before (1 -> 4 or 5) to draft at once
+PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1]}
+PROMPT = PROMPTS["model"]
 
 
-def exact_marginals(target, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+class SoftQNgram(NgramDrafter):
+    """NOT lossless: proposes what `NgramDrafter` proposes but reports q(x) = 0.5 for it (a
+    frequency read as a distribution), so the sampler accepts x with min(1, p(x) / 0.5)."""
+
+    def propose(self, seqs, slots, budgets, keep_fn):
+        prop = super().propose(seqs, slots, budgets, keep_fn)
+        B, J = prop.tokens.shape
+        q = torch.full((B, J, V), 0.5 / (V - 1))
+        q.scatter_(-1, prop.tokens[..., None], 0.5)
+        return Proposal(prop.tokens, q, prop.drafted)
+
+
+def exact_marginals(target, sp: SamplingParams, prompt: list[int] = PROMPT) -> tuple[np.ndarray, np.ndarray]:
     """P(first token), P(token at position LATER) under target-only sampling, by enumeration."""
     def dist(seq):
         with torch.no_grad():
             return probs_from_logits(target.forward_train(torch.tensor([seq]))[0, -1], sp).double().numpy()
-    first = dist(PROMPT)
+    first = dist(prompt)
     later = np.zeros(V)
     for path in itertools.product(range(V), repeat=LATER - 1):
-        p_path = np.prod([dist(PROMPT + list(path[:i]))[path[i]] for i in range(len(path))])
-        later += p_path * dist(PROMPT + list(path))
+        p_path = np.prod([dist(prompt + list(path[:i]))[path[i]] for i in range(len(path))])
+        later += p_path * dist(prompt + list(path))
     return first, later
 
 
 def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, policy=None,
-                        compile: str = "off") -> np.ndarray:
-    """(N_SAMPLES, LATER) tokens from speculative sampling with a sampled draft.
+                        compile: str = "off", drafter="model", prompt: list[int] = PROMPT) -> np.ndarray:
+    """(N_SAMPLES, LATER) tokens from speculative sampling.
 
     With `policy`, depths come from it through the real Controller (plan, early stop, causal verify).
     `compile`: the passes' path; compiled at one bucket (every pass padded to it), shared by the tests.
+    `drafter`: a name or a `Drafter`.
     """
     batch = 2000
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed, compile=compile,
-                        buckets=((batch,), (1, 5)))
+                        buckets=((batch,), (1, 5)), drafter=drafter)
     out, step = [], 0
+    speculative_samples.accepted = 0  # draft tokens accepted in all: the drafter really drafted
 
     def leaking_verify(top1, ent, drafted):  # decides whether to verify x_1 after looking at it: NOT lossless
         return np.where(runner.last_draft_tokens[:, 0] == 0, 1, 0)
 
     for _ in range(N_SAMPLES // batch):
-        slots = np.array(runner.add_many([PROMPT] * batch))
-        while min(len(runner.seqs[s]) for s in slots) < len(PROMPT) + LATER:
+        slots = np.array(runner.add_many([prompt] * batch))
+        while min(len(runner.seqs[s]) for s in slots) < len(prompt) + LATER:
             budgets = np.full(batch, depth)
             verify_fn = leaking_verify if leak else None
             if policy is not None:
@@ -60,11 +80,12 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, po
                 lens = np.array([len(runner.seqs[s]) for s in slots])
                 budgets = policy.plan(step, ids, lens)
                 res = runner.step(slots, budgets, policy.keep_fn(step, ids, budgets), policy.verify_fn(step, ids, lens))
+                speculative_samples.accepted += int(res.accepted.sum())
                 policy.observe(StepRecord(step, ids, lens, budgets, res, np.zeros(0, np.int64)))
                 step += 1
                 continue
-            runner.step(slots, budgets, verify_fn=verify_fn)
-        out.extend(runner.seqs[s][len(PROMPT): len(PROMPT) + LATER] for s in slots)
+            speculative_samples.accepted += int(runner.step(slots, budgets, verify_fn=verify_fn).accepted.sum())
+        out.extend(runner.seqs[s][len(prompt): len(prompt) + LATER] for s in slots)
         for s in slots:
             runner.remove(int(s))
     return np.array(out)
@@ -88,15 +109,17 @@ def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
 
 
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
-def test_speculative_sampling_matches_target(pair, sp, compile):
+def test_speculative_sampling_matches_target(pair, sp, compile, drafter):
     target, draft = pair
-    first, later = exact_marginals(target, sp)
-    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11, compile=compile)
+    first, later = exact_marginals(target, sp, PROMPTS[drafter])
+    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11, compile=compile,
+                                  drafter=drafter, prompt=PROMPTS[drafter])
     p1, p3 = p_values(samples, first, later)
     print(f"\n{sp}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
-    assert p1 >= 0.01 and p3 >= 0.01
+    assert p1 >= 0.01 and p3 >= 0.01 and speculative_samples.accepted > N_SAMPLES // 10
 
 
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
@@ -111,8 +134,22 @@ def test_negative_control_leaking_rule_is_caught(pair, compile):
 
 
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
+def test_negative_control_soft_q_for_a_deterministic_draft_is_caught(pair, compile):
+    target, draft = pair
+    sp = SamplingParams(1.0)
+    prompt = PROMPTS["ngram"]
+    first, later = exact_marginals(target, sp, prompt)
+    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=12, compile=compile,
+                                  drafter=SoftQNgram(), prompt=prompt)
+    p1, _ = p_values(samples, first, later)
+    print(f"\nsoft q: p(first) = {p1:.3g}")
+    assert p1 < 1e-6
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("spec", ["dspark", "random"])
-def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile):
+def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
     from specdepth.adaptive.controller import Controller
     from specdepth.adaptive.cost.model import FixedCost
     from specdepth.policies.registry import make_policy
@@ -121,8 +158,11 @@ def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile):
     sp = SamplingParams(1.0)
     policy = RandomPolicy(5) if spec == "random" else make_policy(spec)
     ctl = Controller(policy, max_depth=4, cost=FixedCost(target_ms=10, draft_ms=1))
-    first, later = exact_marginals(target, sp)
-    samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl, compile=compile)
+    if drafter == "ngram":
+        ctl.draft_is_free()
+    first, later = exact_marginals(target, sp, PROMPTS[drafter])
+    samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl, compile=compile,
+                                  drafter=drafter, prompt=PROMPTS[drafter])
     p1, p3 = p_values(samples, first, later)
     print(f"\n{spec}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
-    assert p1 >= 0.01 and p3 >= 0.01
+    assert p1 >= 0.01 and p3 >= 0.01 and speculative_samples.accepted > 0

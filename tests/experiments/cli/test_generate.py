@@ -113,6 +113,10 @@ BUNDLED_TARGET = str(BUNDLED_DIR / "target.safetensors")
     (["--draft", BUNDLED_TARGET], "--target"),
     (["--output", "/no/such/dir/out.jsonl"], "--output"),
     (["--cost", "warp9"], "cost"),
+    (["--drafter", "eagle"], "--drafter"),
+    (["--ngram-min", "0"], "--ngram-min"),
+    (["--ngram-max", "0"], "--ngram-max"),
+    (["--drafter", "ngram", "--ngram-min", "5", "--ngram-max", "3"], "--ngram-min"),
 ])
 def test_bad_flag_exits_2_with_one_line_naming_it(tmp_path, capsys, flags, names):
     src = tmp_path / "p.txt"
@@ -128,6 +132,16 @@ def test_prompts_must_be_a_readable_file(tmp_path, capsys, make):
     rc, out, err = generate(capsys, "--prompts", str(make(tmp_path)))
     errors = [line for line in err.splitlines() if "error:" in line]
     assert rc == 2 and len(errors) == 1 and "argument --prompts" in errors[0]
+
+
+def test_ngram_drafter_gives_the_model_drafters_text_and_says_so(tmp_path, capsys):
+    src = tmp_path / "p.txt"
+    src.write_text("def f(x):\n    return x\ndef f(y):\nclass A:\n", encoding="utf-8")
+    runs = {d: generate(capsys, "--prompts", str(src), "--drafter", d, *QUICK, "--max-new-tokens", "24")
+            for d in ("model", "ngram")}
+    assert runs["model"][0] == runs["ngram"][0] == 0
+    assert runs["model"][1] == runs["ngram"][1] != ""  # greedy: the same text whatever drafts
+    assert "drafter ngram" in runs["ngram"][2] and "drafter model" in runs["model"][2]
 
 
 def test_a_policy_past_max_depth_is_refused_not_clamped(capsys):

@@ -1,0 +1,50 @@
+"""The drafter protocol: propose up to L_r tokens per sequence, with q and confidence features.
+
+A drafter proposes, for each running sequence r, up to `budgets[r]` tokens continuing its
+committed tokens, through the shared `draft_loop` (so `keep_fn` is asked after the same positions
+whatever the drafter). With each token it gives the distribution q it came from (None: one-hot,
+a deterministic proposal or a greedy draft; the rejection sampler then accepts x with probability
+p(x)) and two confidence features per position, computed from the prefix only (the lossless rule,
+DESIGN.md): `top1` in (0, 1] and `entropy` >= 0. The draft model gives its top-1 probability and
+entropy; a model-free drafter gives numbers of the same kind (a continuation frequency, a match
+length), which the acceptance model calibrates like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from specdepth.workers.drafting import Drafted, KeepFn
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # (B, J) long: drafted tokens, J >= 1; entries past drafted[r] are ignored
+    qprobs: torch.Tensor | None  # (B, J, V) float: the q each token was drawn from; None: one-hot q
+    drafted: Drafted  # counts (B,), features (B, J), passes and timings
+
+
+class Drafter(Protocol):
+    """What the runner asks of a drafter. Slots are the runner's; `seqs[slot]` is a sequence's
+    committed tokens (prompt and output), which only grow while the slot is held."""
+
+    name: str
+    model_free: bool  # True: drafting costs no model pass (the cost model prices it as free)
+
+    def add(self, slots: list[int], seqs: list[list[int]]) -> None:
+        """New sequences took these slots (prefill whatever the drafter keeps)."""
+
+    def propose(self, seqs: dict[int, list[int]], slots: np.ndarray, budgets: np.ndarray,
+                keep_fn: KeepFn | None) -> Proposal:
+        """Draft up to budgets[r] tokens for each slot. Args: slots (B,) int64, budgets (B,) int64."""
+
+    def commit(self, slot: int, n_committed: int) -> None:
+        """The step committed: `slot` now holds `n_committed` tokens (drop state past them)."""
+
+    def remove(self, slot: int) -> None:
+        """The sequence left its slot."""
+
