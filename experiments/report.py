@@ -74,6 +74,16 @@ SECTIONS: tuple[Section, ...] = (
             "Greedy, held-out prompts, closed loops at each batch size; all policies' engines step in turn, "
             "so ratios between them are measured together and absolute tokens/s move with the machine's load.",
             "python -m specdepth.experiments.bench.live"),
+    Section("bench_cold", "Cold runs: a user's first `specdepth generate`, policy and drafter side by side",
+            "A fresh `specdepth generate` process per run, default flags except the policy, the drafter, "
+            "the batch size and the token count (--ignore-eos); held-out code and prose prompts; every variant "
+            "once per round and cell in a shuffled order; ratios to `off` paired within a round (median, "
+            "[lowest, highest] over rounds).",
+            "python -m specdepth.experiments.bench.cold"),
+    Section("bench_drafters", "Model-free drafters on the target's own outputs",
+            "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
+            "(exact acceptance, requests one after another), and its propose call timed at batch 64.",
+            "python -m specdepth.experiments.bench.drafters"),
     Section("bench_controller", "Controller decision time",
             "dspark's own time per step (plan, keep_drafting after each draft pass, the causal verify calls), "
             "K = 8, caches warm, on three cost models.",

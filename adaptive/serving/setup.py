@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from specdepth.workers.drafters.names import DEFAULT_DRAFTER, DRAFTER_NAMES
+
 BUNDLED_NAME = "specdepth-bundled"
 
 
@@ -36,10 +38,17 @@ class ServeOptions:
     device: str = "auto"
     threads: int = 0  # torch CPU threads per replica (0: torch's default)
     compile: str = "off"  # the replicas' passes: auto|on|off (workers/compiled.py)
+    drafter: str = DEFAULT_DRAFTER  # what drafts: model, ngram, suffix (workers/drafters/)
+    ngram_min: int = 1  # the ngram drafter's suffix lengths
+    ngram_max: int = 4
 
     def __post_init__(self) -> None:
         if (self.target is None) != (self.draft is None):
             raise ValueError("give both target and draft, or neither (the bundled pair)")
+        if self.drafter not in DRAFTER_NAMES:
+            raise ValueError(f"unknown drafter {self.drafter!r}; expected one of {', '.join(DRAFTER_NAMES)}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.replicas < 1 or self.max_batch < 1 or self.max_depth < 0 or self.stream_s < 0 \
                 or (self.max_queue is not None and self.max_queue < 1):
             raise ValueError(f"need replicas, max_batch, max_queue >= 1, max_depth >= 0, stream_s >= 0: {self}")
@@ -113,7 +122,8 @@ def build_cluster(opts: ServeOptions) -> Any:
     cost = None if opts.cost == "auto" else parse_cost(opts.cost)
     rc = ReplicaConfig(pair=PairSpec(opts.target, opts.draft), n_slots=opts.max_batch, max_depth=opts.max_depth,
                        sampling=SamplingParams(opts.temperature, opts.top_p), seed=opts.seed, device=opts.device,
-                       threads=opts.threads, compile=opts.compile)
+                       threads=opts.threads, compile=opts.compile, drafter=opts.drafter,
+                       ngram=(opts.ngram_min, opts.ngram_max))
     cc = ClusterController(policy, ClusterConfig(replicas=opts.replicas, replica=rc, stream_s=opts.stream_s))
     cc.set_cost(cost if cost is not None else cc.profiled_cost())
     return cc

@@ -36,7 +36,7 @@ DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=2@ngram", "static:k
 SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),
-    "time": re.compile(r"time: draft ([0-9.]+) s, target ([0-9.]+) s"),
+    "time": re.compile(r"time: draft ([0-9.]+) s, target ([0-9.]+) s, controller ([0-9.]+) s"),
 }
 
 
@@ -74,9 +74,10 @@ def run_generate(prompts: list[str], variant: str, batch: int, tokens: int, extr
     if out.returncode != 0:
         raise RuntimeError(f"{variant} at batch {batch} failed: {out.stderr.strip().splitlines()[-3:]}")
     tps, steps = SUMMARY["tps"].search(out.stderr).groups()
-    draft_s, target_s = SUMMARY["time"].search(out.stderr).groups()
+    draft_s, target_s, control_s = SUMMARY["time"].search(out.stderr).groups()
     return {"tps": float(tps), "steps": int(steps), "acc": float(SUMMARY["acc"].search(out.stderr).group(1)),
-            "draft_s": float(draft_s), "target_s": float(target_s), "process_s": wall,
+            "draft_s": float(draft_s), "target_s": float(target_s), "control_s": float(control_s),
+            "process_s": wall,
             "tokens": len(prompts) * tokens}
 
 

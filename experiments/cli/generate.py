@@ -28,6 +28,7 @@ import numpy as np
 from specdepth.experiments.cli.argtypes import existing_file, float_range, int_range, output_file, positive_int
 from specdepth.experiments.cli import spec_types
 from specdepth.experiments.cli.prompts import read_prompts as read_prompts_file
+from specdepth.workers.drafters.names import DEFAULT_DRAFTER, DRAFTER_NAMES
 
 MAX_DEPTH_LIMIT = 64  # --max-depth's upper bound: far past any useful draft, small enough to allocate
 FINISH_REASONS = ("length", "eos", "context", "error")  # as RequestOutput.finish_reason spells them
@@ -46,9 +47,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_drafter_args(p: argparse.ArgumentParser) -> None:
     """--drafter and its options, for every command that drafts (workers/drafters/)."""
-    p.add_argument("--drafter", choices=("model", "ngram"), default="model",
-                   help="what proposes draft tokens: the draft model, or n-gram lookup in the "
-                   "sequence's own prompt and output (no model pass) (default: model)")
+    p.add_argument("--drafter", choices=DRAFTER_NAMES, default=DEFAULT_DRAFTER,
+                   help="what proposes draft tokens: the draft model, n-gram lookup, or suffix decoding over the "
+                   "sequence's prompt and output and earlier outputs (both with no model pass) "
+                   f"(default: {DEFAULT_DRAFTER})")
     p.add_argument("--ngram-min", type=int_range(1, 64), default=1, help="ngram: shortest suffix matched (default 1)")
     p.add_argument("--ngram-max", type=int_range(1, 64), default=4, help="ngram: longest suffix matched (default 4)")
 
@@ -101,7 +103,7 @@ def check_args(args: argparse.Namespace) -> None:
     """
     if (args.target is None) != (args.draft is None):
         raise ValueError("--target and --draft go together: give both, or neither (the bundled pair)")
-    if getattr(args, "ngram_min", 1) > getattr(args, "ngram_max", 4):
+    if args.ngram_min > args.ngram_max:
         raise ValueError(f"--ngram-min {args.ngram_min} is above --ngram-max {args.ngram_max}")
     if args.cost != "auto":
         from specdepth.adaptive.cost.model import parse_cost
@@ -242,7 +244,9 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
              f"acceptance length {stats.acceptance_length:.2f} (emitted per sequence-step, incl. the target's token)",
              f"per-position acceptance (position j accepted | j-1 accepted): "
              f"{pos[:last].tolist() if last else 'none verified'}",
-             f"time: draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s"]
+             f"time: draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s, controller "
+             f"{stats.control_s:.2f} s, rest {max(wall - stats.draft_s - stats.target_s - stats.control_s, 0):.2f} s "
+             "(prefill, sampling, commit, scheduling)"]
     if fallbacks:
         lines.append(f"policy fallbacks: {dict(fallbacks)}")
     print("\n".join(lines), file=sys.stderr)

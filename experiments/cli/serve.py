@@ -21,7 +21,7 @@ import sys
 import threading
 
 from specdepth.experiments.cli.argtypes import float_range, int_range, non_negative_int, positive_int
-from specdepth.experiments.cli.generate import MAX_DEPTH_LIMIT, add_compile_arg, add_model_args
+from specdepth.experiments.cli.generate import MAX_DEPTH_LIMIT, add_compile_arg, add_drafter_args, add_model_args
 
 APP_NAME = "specdepth"
 DRAIN_S = 30.0  # how long SIGINT/SIGTERM waits for requests in flight
@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-host", default=None, metavar="ADDRESS",
                    help="the address the embedded Ray listens on (default 127.0.0.1, or SPECDEPTH_RAY_HOST)")
     add_model_args(p)
+    add_drafter_args(p)
     add_compile_arg(p)
     p.set_defaults(func=run)
 
@@ -67,7 +68,8 @@ def _options(args: argparse.Namespace):
                         max_batch=args.max_batch, max_depth=args.max_depth, cost=args.cost,
                         model_name=args.model_name, max_queue=args.max_queue,
                         stream_s=args.stream_ms / 1000, temperature=args.temperature, top_p=args.top_p,
-                        seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile)
+                        seed=args.seed, device=args.device or "auto", threads=args.threads, compile=args.compile,
+                        drafter=args.drafter, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
 
 
 def _check_port(host: str, port: int) -> None:

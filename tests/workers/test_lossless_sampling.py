@@ -1,7 +1,7 @@
 """Sampling losslessness: speculative sampling is distributed exactly as target-only sampling, at
 the first and at a later generated position (chi-square against the exact target distribution,
 computed by enumeration on an 8-token vocabulary), for every drafter: the draft model (a *sampled*
-draft) and n-gram lookup (a deterministic one, its q one-hot). Negative controls, caught by the
+draft), n-gram lookup and suffix decoding (deterministic ones, their q one-hot). Negative controls, caught by the
 same test: DESIGN.md's leaking rule (verify a sampled draft token only after seeing that it is
 token 0), and a model-free drafter that reports a soft q for its deterministic proposal.
 """
@@ -24,7 +24,7 @@ from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
 V, N_SAMPLES, LATER = 8, 20_000, 3  # LATER: the 3rd generated token
 # per drafter: the n-gram drafter needs a suffix that occurred before (1 -> 4 or 5) to draft at once
-PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1]}
+PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1], "suffix": [3, 1, 4, 1, 5, 1]}
 PROMPT = PROMPTS["model"]
 
 
@@ -109,7 +109,7 @@ def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
 def test_speculative_sampling_matches_target(pair, sp, compile, drafter):
@@ -146,7 +146,7 @@ def test_negative_control_soft_q_for_a_deterministic_draft_is_caught(pair, compi
     assert p1 < 1e-6
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("spec", ["dspark", "random"])
 def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
@@ -158,7 +158,7 @@ def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
     sp = SamplingParams(1.0)
     policy = RandomPolicy(5) if spec == "random" else make_policy(spec)
     ctl = Controller(policy, max_depth=4, cost=FixedCost(target_ms=10, draft_ms=1))
-    if drafter == "ngram":
+    if drafter != "model":
         ctl.draft_is_free()
     first, later = exact_marginals(target, sp, PROMPTS[drafter])
     samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl, compile=compile,

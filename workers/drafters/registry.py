@@ -1,4 +1,4 @@
-"""Drafters by name: `--drafter model|ngram` on the command line."""
+"""Drafters by name: `--drafter model|ngram|suffix` on the command line."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Callable
 from specdepth.workers.drafters.base import Drafter
 from specdepth.workers.drafters.model import ModelDrafter
 from specdepth.workers.drafters.ngram import NgramDrafter
+from specdepth.workers.drafters.suffix import SuffixDrafter
 
 # name -> factory(runner, **options) -> Drafter
-DRAFTERS: dict[str, Callable[..., Drafter]] = {"model": ModelDrafter, "ngram": NgramDrafter}
+DRAFTERS: dict[str, Callable[..., Drafter]] = {"model": ModelDrafter, "ngram": NgramDrafter,
+                                                "suffix": SuffixDrafter}
 
 
 def make_drafter(name: str, runner, **options) -> Drafter:

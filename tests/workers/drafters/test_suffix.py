@@ -1,0 +1,83 @@
+"""The suffix drafter, by hand: the walk, its stopping rules, the global index, the choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdepth.workers.drafters.suffix import SuffixDrafter, _Index, walk
+
+
+def propose(d: SuffixDrafter, seq: list[int], budget: int, slot: int = 0):
+    p = d.propose({slot: seq}, np.array([slot]), np.array([budget]), None)
+    n = int(p.drafted.drafted[0])
+    return p.tokens[0, :n].tolist(), p.drafted.top1[0, :n], p.drafted.entropy[0, :n]
+
+
+def drafter(seq: list[int], **kw) -> SuffixDrafter:
+    d = SuffixDrafter(**kw)
+    d.add([0], [seq])
+    return d
+
+
+def test_walks_what_followed_the_longest_suffix():
+    seq = [9, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]  # "1 2 3" occurred, then 4 5 6 7
+    toks, top1, ent = propose(drafter(seq), seq, 8)
+    assert toks == [4, 5, 6]  # spec_factor 1: at most the matched length (3)
+    assert np.allclose(top1, 0.5) and np.allclose(ent, 1 / 3)  # one occurrence: 1 / (1 + 1)
+    assert propose(drafter(seq, spec_factor=2.0), seq, 8)[0] == [4, 5, 6, 7, 0, 1]
+    assert propose(drafter(seq, spec_factor=2.0), seq, 2)[0] == [4, 5]  # the budget caps it
+
+
+def test_stops_where_the_estimated_probability_falls_below_the_floor():
+    # after "7": 1 three times (p = 1), then 2, 5 or 8 once each: 8, the latest, p = 1/3, and
+    # the one occurrence left goes on at p = 1/3 (of the draft as a whole)
+    seq = [7, 1, 2, 3, 7, 1, 5, 6, 7, 1, 8, 9, 7]
+    idx = _Index()
+    idx.extend(seq, (1, 2, 3))
+    d = walk(idx, seq, (1, 2, 3), 8, 0.3, 3.0)
+    assert d.tokens == [1, 8, 9] and d.match == 1
+    assert np.isclose(d.score, 1 + 2 / 3)
+    assert walk(idx, seq, (1, 2, 3), 8, 0.5, 3.0).tokens == [1]
+
+
+def test_outputs_of_finished_sequences_draft_for_new_ones():
+    d = drafter([1, 2], spec_factor=4.0)
+    seq = [1, 2, 10, 11, 12, 13, 14]  # slot 0's prompt [1, 2], output 10..14
+    propose(d, seq, 1)  # indexes the output
+    d.remove(0)
+    d.add([0], [[5, 10, 11]])  # another request whose prompt ends like that output began
+    assert propose(d, [5, 10, 11], 3)[0] == [12, 13, 14]
+    d2 = drafter([1, 2], max_cached=0)  # no global index: nothing to draft from
+    propose(d2, seq, 1)
+    d2.remove(0)
+    d2.add([0], [[5, 10, 11]])
+    assert propose(d2, [5, 10, 11], 3)[0] == []
+
+
+def test_the_global_index_keeps_the_newest_outputs_within_its_bound():
+    d = SuffixDrafter(max_cached=12)
+    for i in range(5):
+        out = [100 + i] * 4 + [200 + i]
+        d.add([0], [[1]])
+        propose(d, [1] + out, 1)
+        d.remove(0)
+    assert sum(len(o) + 1 for o in d.outputs) <= 12 and d.outputs[-1] == [104] * 4 + [204]
+    assert len(d.glob.toks) == sum(len(o) + 1 for o in d.outputs)
+
+
+def test_the_higher_scoring_index_wins():
+    d = drafter([3, 4], spec_factor=4.0)
+    for out in ([50, 7, 8, 9, 9], [50, 7, 8, 9, 9]):  # two earlier outputs agree: score 2 x ...
+        d.add([1], [[0]])
+        propose(d, [0] + out, 1, slot=1)
+        d.remove(1)
+    seq = [50, 7, 6, 1, 50, 7, 2, 3, 50, 7]  # its own history: 6 or 2 (p = 1/2); the global index: 8 (p = 1)
+    d.add([2], [seq])
+    assert propose(d, seq, 2, slot=2)[0] == [8, 9]
+
+
+@pytest.mark.parametrize("kw", [dict(max_depth=0), dict(min_prob=1.0), dict(spec_factor=0), dict(max_cached=-1)])
+def test_bad_settings_are_refused(kw):
+    with pytest.raises(ValueError, match="max_depth"):
+        SuffixDrafter(**kw)

@@ -1,0 +1,184 @@
+"""Suffix drafting (SuffixDecoding, arXiv 2411.04975; vLLM's and Arctic Inference's `suffix`).
+
+Two indexes of patterns -> where they occurred: one per sequence over its prompt and output so
+far, one global over the outputs of earlier sequences (bounded to `max_cached` tokens, oldest
+dropped first). To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
+matched at the lengths in MATCH_LENGTHS) is looked up in each index; from its occurrences the
+draft walks the most frequent next token (the latest on a tie), keeping the occurrences that
+agree, exactly as a walk down a suffix tree. It stops where the estimated probability of the
+whole draft so far, occurrences that agree / occurrences matched, falls below `min_prob`, or
+past `spec_factor` x the matched length. Of the two indexes' drafts the one with the higher
+score (the sum of those probabilities, its expected accepted tokens) is proposed.
+
+The proposal is a function of the prefix (and of finished sequences), so q is one-hot.
+Features: `top1` = agreeing / (matched + 1) occurrences at that position, `entropy` = 1 / the
+matched length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specdepth.workers.drafters.base import Proposal
+from specdepth.workers.drafting import KeepFn, draft_loop
+
+MATCH_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths indexed and matched
+SEP = -1  # between documents of the global index
+
+
+@dataclass
+class _Index:
+    """Token lists and, for each indexed pattern (a tuple of MATCH_LENGTHS tokens or fewer), the
+    positions of the tokens that followed it."""
+    toks: list[int] = field(default_factory=list)
+    where: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+
+    def extend(self, new: list[int], lengths: tuple[int, ...]) -> None:
+        toks = self.toks
+        for tok in new:
+            t = len(toks)
+            toks.append(tok)
+            if tok == SEP:
+                continue
+            for n in lengths:
+                if n > t:
+                    break
+                key = tuple(toks[t - n:t])
+                if SEP in key:
+                    break
+                self.where.setdefault(key, []).append(t)
+
+
+@dataclass
+class _Draft:
+    tokens: list[int]
+    top1: list[float]
+    match: int  # the matched suffix's length
+    score: float  # sum of the estimated probabilities: expected accepted tokens
+
+
+def walk(index: _Index, context: list[int], lengths: tuple[int, ...], budget: int,
+         min_prob: float, spec_factor: float) -> _Draft | None:
+    """The suffix-tree walk from the longest suffix of `context` found in `index` (module doc)."""
+    occ: list[int] | None = None
+    match = 0
+    for n in reversed(lengths):
+        if n <= len(context):
+            occ = index.where.get(tuple(context[len(context) - n:]))
+            if occ:
+                match = n
+                break
+    if not occ:
+        return None
+    toks, end = index.toks, len(index.toks)
+    limit = min(budget, max(1, int(spec_factor * match)))
+    out, top1, score, total = [], [], 0.0, len(occ)
+    while len(out) < limit:
+        counts: dict[int, int] = {}
+        latest: dict[int, int] = {}
+        for p in occ:
+            if p < end:
+                tok = toks[p]
+                if tok != SEP:
+                    counts[tok] = counts.get(tok, 0) + 1
+                    latest[tok] = p
+        if not counts:
+            break
+        best = max(counts, key=lambda c: (counts[c], latest[c]))
+        prob = counts[best] / total  # occurrences of the whole draft so far / of the matched suffix
+        if prob < min_prob:
+            break
+        out.append(best)
+        top1.append(counts[best] / (len(occ) + 1.0))
+        score += prob
+        occ = [p + 1 for p in occ if p < end and toks[p] == best]
+    return _Draft(out, top1, match, score) if out else None
+
+
+class SuffixDrafter:
+    name = "suffix"
+    model_free = True
+
+    def __init__(self, runner=None, max_depth: int = 24, min_prob: float = 0.1, spec_factor: float = 1.0,
+                 max_cached: int = 1 << 16) -> None:
+        """Args: runner: the `PairRunner` (its device); max_depth: the longest suffix matched;
+        min_prob: the draft stops below this estimated probability; spec_factor: drafts at most
+        this x the matched length; max_cached: tokens of earlier outputs in the global index.
+
+        Raises:
+            ValueError: a setting out of range.
+        """
+        if max_depth < 1 or not 0 <= min_prob < 1 or spec_factor <= 0 or max_cached < 0:
+            raise ValueError(f"need max_depth >= 1, 0 <= min_prob < 1, spec_factor > 0, max_cached >= 0; "
+                             f"got {max_depth}, {min_prob}, {spec_factor}, {max_cached}")
+        self.lengths = tuple(n for n in MATCH_LENGTHS if n <= max_depth)
+        self.min_prob, self.spec_factor, self.max_cached = min_prob, spec_factor, max_cached
+        self.device = "cpu" if runner is None else runner.device
+        self.local: dict[int, _Index] = {}
+        self.prompt_len: dict[int, int] = {}
+        self.outputs: list[list[int]] = []  # the global index's documents, oldest first
+        self.glob = _Index()
+
+    # ---- sequences ----------------------------------------------------------------------------
+    def add(self, slots: list[int], seqs: list[list[int]]) -> None:
+        for slot, toks in zip(slots, seqs):
+            self.local[slot] = idx = _Index()
+            idx.extend(list(toks), self.lengths)
+            self.prompt_len[slot] = len(toks)
+
+    def commit(self, slot: int, n_committed: int) -> None:
+        return None  # committed tokens only grow; `propose` indexes the new ones
+
+    def remove(self, slot: int) -> None:
+        """The sequence's output (what it indexed of it) joins the global index."""
+        idx = self.local.pop(slot, None)
+        start = self.prompt_len.pop(slot, 0)
+        if idx is None or self.max_cached == 0 or len(idx.toks) <= start:
+            return
+        out = idx.toks[start:][-self.max_cached:]
+        self.outputs.append(out)
+        if len(self.glob.toks) + len(out) + 1 <= self.max_cached:
+            self.glob.extend(out + [SEP], self.lengths)
+            return
+        kept, size = [], 0  # over the bound: keep the newest outputs that fit, and re-index them
+        for doc in reversed(self.outputs):
+            if size + len(doc) + 1 > self.max_cached:
+                break
+            kept.append(doc)
+            size += len(doc) + 1
+        self.outputs = kept[::-1]
+        self.glob = _Index()
+        for doc in self.outputs:
+            self.glob.extend(doc + [SEP], self.lengths)
+
+    # ---- drafting -----------------------------------------------------------------------------
+    def propose(self, seqs: dict[int, list[int]], slots: np.ndarray, budgets: np.ndarray,
+                keep_fn: KeepFn | None) -> Proposal:
+        B, K = len(slots), int(budgets.max(initial=0))
+        tokens = np.zeros((B, max(K, 1)), np.int64)  # (B, J)
+        feats = np.zeros((B, max(K, 1), 2))  # (B, J, (top1, entropy))
+        n_drafted = np.zeros(B, np.int64)
+        for r in np.flatnonzero(budgets > 0).tolist():
+            slot = int(slots[r])
+            idx, seq = self.local[slot], seqs[slot]
+            if len(idx.toks) < len(seq):
+                idx.extend(seq[len(idx.toks):], self.lengths)
+            ctx = seq[-self.lengths[-1]:]
+            best = None
+            for index in (idx, self.glob):
+                d = walk(index, ctx, self.lengths, int(budgets[r]), self.min_prob, self.spec_factor)
+                if d is not None and (best is None or d.score > best.score):
+                    best = d
+            if best is not None:
+                n = len(best.tokens)
+                tokens[r, :n], feats[r, :n, 0], feats[r, :n, 1] = best.tokens, best.top1, 1.0 / best.match
+                n_drafted[r] = n
+
+        def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
+
+        drafted = draft_loop(budgets, draft_pass, keep_fn)
+        return Proposal(torch.from_numpy(tokens).to(self.device), None, drafted)
