@@ -57,6 +57,7 @@ class StepRecord:
     overhead_passes: int = 0  # that step's draft passes
     conf: Optional[np.ndarray] = None  # (B, J) confidences the policy was shown, where computed elsewhere
     verify_s: Optional[float] = None  # seconds of the causal verify calls (None: as this controller timed them)
+    prev_step_s: float = 0.0  # the whole wall time of the step before (admission apart); 0: not measured
 
 
 @dataclass
@@ -329,7 +330,8 @@ class Controller:
         out = StepOutcome(rec.step, seq_ids, rec.budgets, res.drafted, verified, accepted, top1, conf,
                           res.draft_s + res.target_s, res.draft_s, res.target_s, context_lens, rec.finished,
                           res.keep_s, res.first_pass_s,
-                          self.verify_seconds(rec.step) if rec.verify_s is None else rec.verify_s)
+                          self.verify_seconds(rec.step) if rec.verify_s is None else rec.verify_s,
+                          prev_step_s=rec.prev_step_s)
         self._call("observe", self.policy.observe, out)
         if len(rec.finished):
             self.acceptance.forget(rec.finished)

@@ -215,6 +215,7 @@ class Engine:
         self.running: dict[int, tuple[Request, RequestOutput]] = {}  # slot -> request
         self.step_no = 0
         self._overhead: tuple[float, int] | None = None  # the last step's time outside the passes; its draft passes
+        self._prev_step_s = 0.0  # the last step's whole wall time, admission apart (`StepRecord.prev_step_s`)
         self.seq_no = 0
         self.stats = EngineStats.empty(runner.max_depth)
         self._ids: dict[int, int] = {}  # slot -> sequence id (stable per request)
@@ -287,8 +288,10 @@ class Engine:
         if not len(slots):
             return self._end_step()
         ctl = self.depth if isinstance(self.depth, Controller) else None
+        # a model-free draft costs nothing to extend: drafted to its budgets, `verify` alone decides
+        asks_keep = ctl is not None and not ctl.free_draft
         res = self.runner.step(slots, budgets,
-                               ctl.keep_fn(self.step_no, seq_ids, budgets) if ctl else None,
+                               ctl.keep_fn(self.step_no, seq_ids, budgets) if asks_keep else None,
                                ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None)
         self._commit(res, ctx_lens)
         t_obs, tracked = time.perf_counter(), 0.0
@@ -296,7 +299,8 @@ class Engine:
             tracked = ctl.track_s
             over_s, over_passes = self._overhead or (None, 0)
             self.last_record = StepRecord(self.step_no, seq_ids, ctx_lens, budgets, res,
-                                          np.array(self.finished_ids, dtype=np.int64), over_s, over_passes)
+                                          np.array(self.finished_ids, dtype=np.int64), over_s, over_passes,
+                                          prev_step_s=self._prev_step_s)
             ctl.observe(self.last_record)
             tracked = ctl.track_s - tracked
         st = self.stats
@@ -311,6 +315,7 @@ class Engine:
         st.step_log.append((res.step_tokens, res.context_tokens, res.draft_s, res.target_s, res.draft_passes,
                             len(res.slots), self._overhead[0]))
         self.step_no += 1
+        self._prev_step_s = time.perf_counter() - t_step - tracked
         return self._end_step()
 
     def _end_step(self) -> list[int]:

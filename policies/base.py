@@ -130,6 +130,9 @@ class StepOutcome:
     # seconds the controller spent asking `verify` this step, all causal calls (measured live where
     # the controller learns its cost model; 0 in replay and where `verify` was not asked)
     verify_time_s: float = 0.0
+    # the whole wall time of the step before this one, from its start to this one's (admission
+    # apart): drafts, verify pass, sampling, commit, the controller; 0 where not measured (replay)
+    prev_step_s: float = 0.0
 
     @property
     def emitted(self) -> np.ndarray:

@@ -18,7 +18,8 @@ DESIGN.md "Allocation"):
   `keep_drafting` stopped every sequence), from confidences only, never from a drafted token.
 
 Whether a step drafts dynamically, asks `verify`, or probes the cost model is measured on the
-policy's own steps, not predicted (policies/dspark_gates.py).
+policy's own steps, not predicted (policies/dspark_gates.py); so is whether speculating pays at
+all against not speculating (the rail, policies/dspark_rail.py).
 
 The controller asks `verify` causally, once per position j with columns 1..j; each answer is the
 allocation of the columns shown, and equals a fresh instance's (`VerifyColumns` checks before it
@@ -34,6 +35,7 @@ import numpy as np
 from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
+from specdepth.policies.dspark_rail import Rail
 from specdepth.policies.kernels import keep_kernel, plan_kernel, raised
 from specdepth.policies.verify_columns import VerifyColumns
 
@@ -61,18 +63,20 @@ class DSpark(DepthPolicy):
             stop at one position, an ablation).
         catch_up: price the draft's catch-up on the tokens committed since a sequence last drafted
             into a plan that drafts after a spell without (`DraftLag`).
+        rail: draft nothing where the run's own speculating steps measure slower than its plain
+            ones (policies/dspark_rail.py; live only).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
                                            "probe": True, "weigh_verify": True, "follow_plan": True,
-                                           "catch_up": True}
+                                           "catch_up": True, "rail": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
                  probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True,
-                 catch_up: bool = True) -> None:
+                 catch_up: bool = True, rail: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -88,6 +92,8 @@ class DSpark(DepthPolicy):
         self.weigh_verify = bool(weigh_verify)
         self.follow_plan = bool(follow_plan)
         self.catch_up = bool(catch_up)
+        self.rail = bool(rail)
+        self._rail = Rail()  # speculating against plain steps, as measured (live only)
         self._measure = SelfMeasure(self.weigh_asks)  # the gates' measures and this step's choices
         self._draft_lag = DraftLag()  # tokens each draft cache lacks (live only)
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns`
@@ -114,9 +120,15 @@ class DSpark(DepthPolicy):
 
     def plan(self, ctx: PlanContext) -> np.ndarray:
         B, K = ctx.batch_size, ctx.max_depth
+        m = self._measure
+        if self.rail and ctx.cost_learns and not self._rail.speculates(B, self._plain_goodput(ctx)):
+            # measured: speculating is slower here (or a plain step to compare): nothing to plan
+            self._plan_ctx, self._plan_key, self._cost_learns = ctx, None, ctx.cost_learns
+            self._passes, m.last_ids = (ctx.step, 0), ctx.seq_ids
+            return np.zeros(B, np.int64)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         budgets, deepest = self._budgets(ctx, prices)
-        m, bucket = self._measure, self._measure.bucket(B)
+        bucket = m.bucket(B)
         tried = False  # a plan of nothing drafted one deep: drafted as it is, nothing asked
         if self.probe and ctx.cost_learns:
             if deepest > 0 and m.probes_now(bucket, ctx, budgets, int(deepest), prices, self.price_draft):
@@ -143,6 +155,13 @@ class DSpark(DepthPolicy):
         m.last_ids = ctx.seq_ids
         return budgets
 
+    def _plain_goodput(self, ctx: PlanContext) -> float:
+        """Tokens/s of a step that drafts nothing, as the cost model predicts it (the rail's reference
+        until plain steps are measured)."""
+        B = ctx.batch_size
+        t = float(ctx.cost.target_time(B, self._context_tokens(ctx.context_lens)))  # the step's overhead included
+        return B / t if t > 0 else 0.0
+
     def _budgets(self, ctx: PlanContext, prices: StepPrices) -> tuple[np.ndarray, int]:
         """(B,) budgets by the allocation rule on the priors, and the deepest. Live, a drafting plan
         whose sequences' draft caches lag is priced again with 1 / CATCH_UP_STEPS of their catch-up."""
@@ -162,6 +181,8 @@ class DSpark(DepthPolicy):
         return step != self._measure.fixed_step
 
     def observe(self, out: StepOutcome) -> None:
+        self._rail.observe(out.step, out.batch_size, bool(np.any(out.drafted > 0)),
+                           int(np.sum(out.accepted)) + out.batch_size, out.prev_step_s)
         if self.catch_up and self._cost_learns:
             self._draft_lag.track(out)
         self._measure.observe(out, self._prices, self._plan_ctx, self._cost_learns)

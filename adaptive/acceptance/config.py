@@ -21,7 +21,8 @@ N_CATS = 11  # categories: also the planning states of `prior_conf`
 @dataclass(frozen=True)
 class AcceptanceConfig:
     max_positions: int = 16  # positions with their own regression; deeper ones share the last
-    refit_every: int = 256  # counted observations between refits
+    refit_every: int = 256  # counted observations between refits (once the model has seen as many)
+    first_refit: int = 32  # the first refit; until refit_every, one each time the data doubles
     newton_steps: int = 8  # Newton iterations per refit at most (warm-started; stops when settled)
     ridge: float = 1.0  # precision of the Gaussian prior on each position's weights
     window: float = 50_000.0  # effective observations kept per position (older ones scaled down)
@@ -35,7 +36,8 @@ class AcceptanceConfig:
     ece_bins: int = 15  # equal-width bins of predicted survival
 
     def __post_init__(self) -> None:
-        if min(self.max_positions, self.refit_every, self.cat_refresh, self.newton_steps, self.ece_bins) < 1:
+        if min(self.max_positions, self.refit_every, self.first_refit, self.cat_refresh, self.newton_steps,
+               self.ece_bins) < 1:
             raise ValueError(f"counts must be >= 1: {self}")
         if min(self.ridge, self.window, self.seq_strength, self.cat_strength, self.rate_strength) <= 0 \
                 or self.optimism < 0:
@@ -44,6 +46,12 @@ class AcceptanceConfig:
             raise ValueError(f"idle_decay must be in (0, 1]: {self}")
         if not 0 < self.prior_rate < 1:
             raise ValueError(f"prior_rate must be in (0, 1): {self}")
+
+
+def refit_interval(cfg: AcceptanceConfig, seen: float) -> float:
+    """Counted observations until the next refit, with `seen` behind the model: `first_refit` at
+    first, doubling with the data up to `refit_every`, then a quarter of the data if that is more."""
+    return max(min(cfg.refit_every, max(cfg.first_refit, seen)), seen / 4)
 
 
 def _clip(x: np.ndarray | float, lo: float, hi: float) -> np.ndarray:

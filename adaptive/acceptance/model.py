@@ -10,7 +10,8 @@ Three layers, all deterministic:
    c = t, the prior for position 1; position j's prior is position j - 1's fit (a Gaussian prior
    of precision `ridge`). It is refit by warm-started Newton (IRLS) steps on *binned sufficient
    statistics* (per position, logit-t bin and entropy bin: the count, the accepts and the feature
-   sums), every `refit_every` counted observations at first, then every quarter of the data seen.
+   sums): first after `first_refit` counted observations, then each time they double until
+   `refit_every`, then every `refit_every` or every quarter of the data seen, whichever is more.
    The statistics add up across replicas, so `merge` pools them exactly; an effective window
    caps each position's count so the model keeps adapting.
 2. Per sequence, a Beta-Bernoulli posterior on how the sequence compares with the global model:
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from specdepth.adaptive.acceptance.config import (CAT, EPS, H_EDGES, IDENTITY, N_CATS, N_CELLS, N_FEAT, SEQ_COLS,
-                                                  Z_EDGES, AcceptanceConfig, _logit, _sigmoid)
+                                                  Z_EDGES, AcceptanceConfig, _logit, _sigmoid, refit_interval)
 from specdepth.adaptive.acceptance.state import AcceptanceState
 from specdepth.adaptive.acceptance.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
 
@@ -272,9 +273,9 @@ class AcceptanceModel(AcceptanceState):
             self._refresh()
         refit = self._per_refresh.get("refit")
         if refit is None:
-            refit = self._per_refresh["refit"] = max(self.config.refit_every, self.state_n.sum(0).max(initial=0) / 4)
+            refit = self._per_refresh["refit"] = refit_interval(self.config, self.state_n.sum(0).max(initial=0))
         if self.since_fit >= refit:
-            self.fit()  # every refit_every observations at first, then every quarter of the data seen
+            self.fit()  # first_refit, then as the data doubles up to refit_every, then every quarter of it
 
     def _age_idle(self, seq_ids: np.ndarray, idle: np.ndarray) -> None:
         """Sequences that verified nothing this step: their own evidence ages (counts x idle_decay)

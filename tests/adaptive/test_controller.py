@@ -289,7 +289,7 @@ def test_custom_policy_from_module_cli(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "MYPOLICY_LOG": str(log),
            "SPECDEPTH_CACHE": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-m", "specdepth.experiments.cli.main", "generate", "--prompt", "def f(x):",
-                          "--max-new-tokens", "6", "--policy", "tmpmod:MyPolicy", "--json",
+                          "--max-new-tokens", "6", "--policy", "tmpmod:MyPolicy", "--json", "--drafter", "model",
                           "--cost", "fixed:target_ms=5,draft_ms=1", "--threads", "1"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
 """The drafters' names and the command line's default, importable without torch."""
 
 DRAFTER_NAMES = ("model", "ngram", "suffix")
-DEFAULT_DRAFTER = "model"  # what `generate` and `serve` draft with unless told
+DEFAULT_DRAFTER = "ngram"  # what `generate` and `serve` draft with unless told (README: why)

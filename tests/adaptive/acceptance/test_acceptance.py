@@ -9,7 +9,7 @@ import pytest
 from specdepth.adaptive.acceptance import kernels_reference as ref_np
 from specdepth.adaptive.acceptance.model import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel,
                                            calibration_error)
-from specdepth.adaptive.acceptance.config import _clip, _logit, _sigmoid
+from specdepth.adaptive.acceptance.config import _clip, _logit, _sigmoid, refit_interval
 from specdepth.adaptive.acceptance.kernels import calibrate_kernel, last_category
 
 
@@ -117,7 +117,7 @@ def test_planning_rates_are_optimistic_until_the_data_is_in():
 
 
 def test_merge_equals_one_model_fed_both_streams():
-    cfg = AcceptanceConfig(refit_every=10**9, cat_refresh=10**9)  # no refit mid-stream (see merge's docstring)
+    cfg = AcceptanceConfig(refit_every=10**9, first_refit=10**9, cat_refresh=10**9)  # no refit mid-stream (see merge's docstring)
     a, b, both = AcceptanceModel(cfg), AcceptanceModel(cfg), AcceptanceModel(cfg)
     for model, seed_ids in ((a, 0), (b, 10**5)):
         for m, rng in ((model, np.random.default_rng(seed_ids)), (both, np.random.default_rng(seed_ids))):
@@ -258,7 +258,7 @@ def reference_observe(m: AcceptanceModel, seq_ids, top1, entropy, d, a) -> None:
     m.since_cat += int(counted.sum())
     if m.since_cat >= m.config.cat_refresh:
         m._refresh()
-    if m.since_fit >= max(m.config.refit_every, m.state_n.sum(0).max(initial=0) / 4):
+    if m.since_fit >= refit_interval(m.config, m.state_n.sum(0).max(initial=0)):
         m.fit()
 
 
