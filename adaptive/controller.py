@@ -280,11 +280,16 @@ class Controller:
         return self._fresh_conf(seq_ids, top1, entropy)
 
     def _causal_verify(self, step, seq_ids, context_lens, drafted, conf, top1) -> np.ndarray:
-        """Ask the policy position by position; position j is decided from columns 1..j only."""
+        """Ask the policy position by position; position j is decided from columns 1..j only
+        (a model-free drafter's draft is asked once: no column depends on a sampled token)."""
         B, J = conf.shape
         d = np.zeros(B, np.int64)
         alive = drafted > 0
         conf = conf * (np.arange(J)[None, :] < drafted[:, None])  # (B, J) zero past each drafted length
+        if self.free_draft:  # a deterministic draft: every column is a function of the prefix, one call decides
+            ctx = VerifyContext(step, seq_ids, context_lens, drafted, conf, top1, self.step_cost(step, B))
+            val, ok = self._call("verify", self.policy.verify, ctx)
+            return self._ints("verify", val, B, 0, drafted, d) if ok else d
         for j in range(1, J + 1):
             if not alive.any():
                 break

@@ -10,10 +10,9 @@ The two sides are measured as regimes, in blocks: a step counts only when the tw
 it were of its own kind, since a plain step right after speculating ones runs measurably slower
 than one in a plain run (other passes have had the caches), and the other way round.
 
-- Speculation is measured first, against what the cost model predicts a plain step to give
-  until plain steps are measured: below it, the rail turns to plain steps (and so measures
-  them); above it but not well above, blocks of CHECK_BLOCK plain steps follow until the plain
-  side has RAIL_EVIDENCE counted steps.
+- Speculation is measured first. Unless it measures well above what the cost model predicts a
+  plain step to give, blocks of CHECK_BLOCK plain steps follow until the plain side has
+  RAIL_EVIDENCE counted steps; only measured plain steps may overrule the plan.
 - Then the side the rail is not on is checked by such a block every `every` steps (CHECK_EVERY,
   doubling to RAIL_MAX while one side is clearly ahead), so the comparison stays current.
 - Where speculating measures slower, the plan is overruled to draft nothing, and the checks let
@@ -26,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-RAIL_EVIDENCE = 8  # counted steps of each side before the rail may overrule the plan
-RAIL_RATE = 0.05  # the running sums' weight on a new step, once a side has 1 / RAIL_RATE steps
+RAIL_EVIDENCE = 12  # counted steps of each side before the rail may overrule the plan
+RAIL_RATE = 0.1  # the running sums' weight on a new step, once a side has 1 / RAIL_RATE steps
 CHECK_BLOCK = 6  # steps of the other side in a row when it is checked (the first two do not count)
 DENSE_EVERY = 24  # a plain block in this many steps while the plain side lacks evidence...
 CHECK_EVERY = 48  # ...then a block of the other side in this many, doubling while one is clearly ahead...
@@ -111,10 +110,12 @@ class Rail:
         b.wait += 1
         if spec.n < RAIL_EVIDENCE:
             return True  # speculation's own measure first
-        reference = plain.goodput if plain.n >= RAIL_EVIDENCE else predicted_plain
+        if plain.n < RAIL_EVIDENCE:  # only measured plain steps may overrule the plan
+            if spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain and b.wait >= DENSE_EVERY:
+                return self._check(b, False)
+            return True
+        reference = plain.goodput
         losing = spec.goodput < reference
-        if plain.n < RAIL_EVIDENCE and not losing and spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain:
-            return self._check(b, False) if b.wait >= DENSE_EVERY else True
         if b.wait >= b.every:  # check the side the rail is not on
             gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
             b.every = min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN else CHECK_EVERY
