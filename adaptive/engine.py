@@ -249,9 +249,18 @@ class Engine:
         return True
 
     def _admit(self) -> None:
-        while self.queue and len(self.running) < self.max_batch:
-            req, out, seq_id = self.queue.popleft()
-            slot = self.runner.add(list(req.prompt_ids), req.key)
+        """Waiting requests into free slots; a runner with `add_many` prefills them in one pass."""
+        batch = []
+        while self.queue and len(self.running) + len(batch) < self.max_batch:
+            batch.append(self.queue.popleft())
+        if not batch:
+            return
+        add_many = getattr(self.runner, "add_many", None)
+        if add_many is not None and len(batch) > 1:
+            slots = add_many([list(req.prompt_ids) for req, _, _ in batch])
+        else:
+            slots = [self.runner.add(list(req.prompt_ids), req.key) for req, _, _ in batch]
+        for slot, (req, out, seq_id) in zip(slots, batch):
             self.running[slot] = (req, out)
             self._ids[slot] = seq_id
 
