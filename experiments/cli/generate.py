@@ -45,12 +45,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=spec_types.threads, default=0, help="torch CPU threads (0: torch's default)")
 
 
-def add_drafter_args(p: argparse.ArgumentParser) -> None:
+def add_drafter_args(p: argparse.ArgumentParser, default: str = DEFAULT_DRAFTER) -> None:
     """--drafter and its options, for every command that drafts (workers/drafters/)."""
-    p.add_argument("--drafter", choices=DRAFTER_NAMES, default=DEFAULT_DRAFTER,
+    p.add_argument("--drafter", choices=DRAFTER_NAMES, default=default,
                    help="what proposes draft tokens: the draft model, n-gram lookup, or suffix decoding over the "
                    "sequence's prompt and output and earlier outputs (both with no model pass) "
-                   f"(default: {DEFAULT_DRAFTER})")
+                   f"(default: {default})")
     p.add_argument("--ngram-min", type=int_range(1, 64), default=1, help="ngram: shortest suffix matched (default 1)")
     p.add_argument("--ngram-max", type=int_range(1, 64), default=4, help="ngram: longest suffix matched (default 4)")
 

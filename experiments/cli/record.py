@@ -3,8 +3,10 @@
     specdepth record --out traces.jsonl.gz [--n 200] [--max-new-tokens 128] [--k-max 8]
     specdepth record --out t.jsonl.gz --prompts prompts.jsonl --target t.safetensors --draft d.safetensors
 
-Plain decoding through the live PairRunner (one target token per step) while the draft proposes
-K tokens from the true prefix at every position; see `experiments.replay.traces` for the format.
+Plain decoding through the live PairRunner (one target token per step) while the drafter
+(--drafter, default the draft model) proposes K tokens from the true prefix at every position;
+see `experiments.replay.traces` for the format. A trace of a model-free drafter replays with
+its drafts priced free.
 Prompts: the bundled held-out set by default, or --prompts (JSON lines with a "prompt" field, or
 plain text, one prompt per line). --temperature > 0 records a sampling trace (accept_prob).
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from specdepth.experiments.cli.argtypes import existing_file, float_range, int_range, non_negative_int, positive_int
 from specdepth.experiments.cli.main import report
-from specdepth.experiments.cli.generate import add_compile_arg
+from specdepth.experiments.cli.generate import add_compile_arg, add_drafter_args
 from specdepth.experiments.cli.spec_types import K_LIMIT, device_spec, model_path, output_path, threads
 
 
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--threads", type=threads, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_drafter_args(p, default="model")
     add_compile_arg(p)
     p.set_defaults(func=run)
 
@@ -83,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
     from specdepth.experiments.replay.traces import record_traces
     from specdepth.workers.bundled import heldout_prompts, load_pair
+    from specdepth.workers.drafters.registry import drafter_options
 
+    if args.ngram_min > args.ngram_max:
+        return report("record", ValueError(f"--ngram-min {args.ngram_min} is above --ngram-max {args.ngram_max}"))
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -92,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompts[: args.n] if args.n else prompts
         traces = record_traces(pair, prompts, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
                                batch=args.batch, progress=not args.no_progress, temperature=args.temperature,
-                               seed=args.seed, compile=args.compile)
+                               seed=args.seed, compile=args.compile, drafter=args.drafter,
+                               drafter_options=drafter_options(args.drafter, (args.ngram_min, args.ngram_max)))
     except (ValueError, FileNotFoundError) as e:
         return report("record", e)
     traces.save(args.out)

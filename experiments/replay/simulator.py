@@ -28,7 +28,9 @@ import numpy as np
 
 from specdepth.adaptive.acceptance.model import AcceptanceModel
 from specdepth.adaptive.controller import Controller
+from specdepth.adaptive.cost.free_draft import FreeDraftCost
 from specdepth.adaptive.cost.model import CostModel, parse_cost
+from specdepth.workers.drafters.names import MODEL_FREE
 from specdepth.adaptive.engine import Engine, Request, RequestOutput
 from specdepth.experiments.replay.trace_runner import TraceRunner
 from specdepth.experiments.replay.traces import TraceSet
@@ -141,11 +143,16 @@ class _Sim:
 
     def __init__(self, traces: TraceSet, policy: DepthPolicy, cost: CostModel, max_batch: int,
                  k_max: int, seed: int, acceptance: AcceptanceModel | None) -> None:
+        free = traces.header.meta.get("drafter", "model") in MODEL_FREE  # drafted without a model: priced free
+        if free:
+            cost = FreeDraftCost(cost)
         self.runner = TraceRunner(traces, cost, max_batch, k_max, seed)
         self.approximate = traces.accept_prob is not None
         if getattr(policy, "needs_oracle_match", False):
             policy = _OracleFeed(policy, self.runner)
         self.ctl = Controller(policy, k_max, cost=cost, acceptance=acceptance, learn_cost=False)
+        if free:
+            self.ctl.draft_is_free()
         self.engine = Engine(self.runner, self.ctl, max_batch=max_batch, clock=self.runner.clock)
         self.outs: list[RequestOutput] = []
 

@@ -82,7 +82,8 @@ class TraceRunner:
         context = int((self.r_ctx[req] + t).sum())
 
         def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return self.top1[ptr[rows], j], self.ent[ptr[rows], j], np.ones(len(rows), bool)
+            top1 = self.top1[ptr[rows], j]  # 0 where a model-free drafter's recorded chain ended
+            return top1, self.ent[ptr[rows], j], top1 > 0
 
         dr = draft_loop(budgets, draft_pass, keep_fn)
         drafted, top1 = dr.drafted, dr.top1

@@ -331,7 +331,8 @@ class _Recording:
 
 def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int = 8,
                   max_new_tokens: int = 128, batch: int = 16, progress: bool = True,
-                  temperature: float = 0.0, seed: int = 0, compile: str = "off") -> TraceSet:
+                  temperature: float = 0.0, seed: int = 0, compile: str = "off",
+                  drafter: str = "model", drafter_options: dict | None = None) -> TraceSet:
     """Run the pair on the prompts with the live PairRunner and record a trace.
 
     Every step drafts K tokens for every sequence and verifies none (plain decoding: the target
@@ -350,6 +351,12 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
             accept_prob = 1 - TV(p, q) along each chain from an extra full forward of both models).
         seed: sampling seed.
         compile: the passes' path, auto|on|off (a trace records what the path that serves sees).
+        drafter: what drafts the chains (`workers/drafters/`); a model-free drafter's chain at t
+            holds what it drafted from the true prefix (fewer than K where its match ends; its
+            features are 0 past that), and the header's `drafter` tells replay to price it free.
+            With suffix decoding the chains also depend on the outputs finished before t, as
+            recorded here.
+        drafter_options: its options (ngram: ngram_min, ngram_max).
     Returns:
         The TraceSet (save it with `.save(path)`).
     Raises:
@@ -364,8 +371,11 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
     if tok is None and any(isinstance(p, str) for p in prompts):
         raise ValueError("text prompts need the pair's tokenizer; give token ids instead")
     ids = [tok.encode(p) if isinstance(p, str) else [int(x) for x in p] for p in prompts]
+    if drafter != "model" and temperature > 0:
+        raise ValueError(f"a sampling trace records the draft model's q: --drafter {drafter} records greedy traces only")
     runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=k_max,
-                        sampling=SamplingParams(temperature=temperature), seed=seed, compile=compile)
+                        sampling=SamplingParams(temperature=temperature), seed=seed, compile=compile,
+                        drafter=drafter, drafter_options=drafter_options)
     todo: deque[_Recording] = deque()
     for i, p in enumerate(ids):
         if not p or len(p) >= runner.max_len:
@@ -400,7 +410,8 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
     name = getattr(pair, "name", "pair")
     target, _, draft = name.partition("|")
     header = TraceHeader(target or name, draft or name, str(getattr(tok, "path", "none")), k_max,
-                         float(temperature), meta={"max_new_tokens": max_new_tokens, "source": "record"})
+                         float(temperature), meta={"max_new_tokens": max_new_tokens, "source": "record",
+                                                   "drafter": drafter})
     return TraceSet(header, [r for r in done if r is not None])
 
 
@@ -410,7 +421,9 @@ def _finish(rec: _Recording, pair: Any, temperature: float) -> TraceRequest:
     top1 = np.stack(rec.top1).astype(np.float64)  # (T, K)
     ent = np.stack(rec.entropy).astype(np.float64)
     ap = None if temperature == 0 else _accept_probs(pair, rec.prompt, tokens, chains, temperature)
-    return TraceRequest(str(rec.index), len(rec.prompt), tokens, match_lengths(chains, tokens), top1, ent, ap)
+    drafted = np.cumprod(top1 > 0, axis=1).sum(1)  # (T,) a model-free drafter's chain may end early
+    match = np.minimum(match_lengths(chains, tokens), drafted)
+    return TraceRequest(str(rec.index), len(rec.prompt), tokens, match, top1, ent, ap)
 
 
 def _accept_probs(pair: Any, prompt: list[int], tokens: np.ndarray, chains: np.ndarray,

@@ -132,11 +132,12 @@ def test_arrival_trace(tmp_path, syn):
         load_arrivals(bad)
 
 
-def check_replay_equals_live(pair, prompts: list[list[int]], spec: str, tokens: int, cost: FixedCost) -> None:
+def check_replay_equals_live(pair, prompts: list[list[int]], spec: str, tokens: int, cost: FixedCost,
+                             drafter: str = "model") -> None:
     """Record the pair's trace, then run the live engine and the replay with the same policy and a
     fixed cost: every request's output, accepted count and step count must agree exactly."""
-    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=tokens, batch=4, progress=False)
-    live = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=6),
+    traces = record_traces(pair, prompts, k_max=6, max_new_tokens=tokens, batch=4, progress=False, drafter=drafter)
+    live = Engine(PairRunner(pair.target, pair.draft, n_slots=4, max_depth=6, drafter=drafter),
                   Controller(make_policy(spec), 6, cost=cost, learn_cost=False))
     outs = live.run([Request(str(i), p, tokens, ignore_eos=True) for i, p in enumerate(prompts)])
     rep = replay(traces, spec, cost, concurrency=4, requests=len(prompts), drain=True)
@@ -153,6 +154,17 @@ def test_greedy_replay_equals_the_live_engine(spec):
     prompts = [rng.integers(0, 96, int(rng.integers(1, 10))).tolist() for _ in range(10)]
     pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
     check_replay_equals_live(pair, prompts, spec, 30, FixedCost(target_ms=10.0, draft_ms=1.0))
+
+
+@pytest.mark.parametrize("spec", ["static:k=3", "dspark"])
+def test_greedy_replay_of_an_ngram_trace_equals_the_live_engine(spec):
+    """n-gram drafts are a function of each request's own prefix, so its trace replays exactly;
+    both sides price them free and verify them in one call."""
+    target, draft = tiny_pair(noise=0.35, seed=6)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 12, int(rng.integers(4, 16))).tolist() for _ in range(10)]
+    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
+    check_replay_equals_live(pair, prompts, spec, 30, FixedCost(target_ms=10.0, draft_ms=1.0), drafter="ngram")
 
 
 @pytest.mark.parametrize("spec", ["static:k=3", "dspark"])
