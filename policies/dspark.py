@@ -5,7 +5,8 @@ Each step maximises the predicted throughput Theta = tau / (draft time + target 
 DESIGN.md "Allocation"):
 
 - plan: budgets L_r from the controller's history-based priors (`plan_kernel`): each draft depth D
-  prices its D sequential passes, and the best D wins. A batch that saturates the compute knee
+  prices its D sequential passes, and the best D wins. A free draft (a model-free drafter, its
+  passes priced 0) is made to K wherever the plan drafts: `verify` decides on its features. A batch that saturates the compute knee
   gets 0 everywhere: speculation switches itself off. Live, a plan that drafts for sequences whose
   draft caches lag also pays their catch-up (`DraftLag`). With `dynamic`, the plan's depth becomes
   a ceiling (K for every sequence it drafts for) and `keep_drafting` stops each sequence.
@@ -128,6 +129,8 @@ class DSpark(DepthPolicy):
             return np.zeros(B, np.int64)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         budgets, deepest = self._budgets(ctx, prices)
+        if deepest > 0 and prices.draft_all == 0.0:  # a free draft (model-free drafter): draft to K, verify decides
+            budgets, deepest = raised(budgets, K), K
         bucket = m.bucket(B)
         tried = False  # a plan of nothing drafted one deep: drafted as it is, nothing asked
         if self.probe and ctx.cost_learns:
