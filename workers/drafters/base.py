@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from specdepth.workers.drafting import Drafted, KeepFn
+from specdepth.workers.drafting import Drafted, KeepFn, draft_loop
 
 
 @dataclass
@@ -48,3 +48,22 @@ class Drafter(Protocol):
     def remove(self, slot: int) -> None:
         """The sequence left its slot."""
 
+
+
+def fixed_proposal(drafts: dict[int, tuple[list[int], list[float], list[float]]], budgets: np.ndarray,
+                   keep_fn: KeepFn | None, device: str | torch.device = "cpu") -> Proposal:
+    """The proposal of a drafter that makes each row's whole draft at once (a model-free one):
+    `drafts[r]` = (tokens, top1, entropy) of row r, at most budgets[r] long; the draft loop then
+    reads them position by position, asking `keep_fn` as after model passes. q is one-hot."""
+    B, K = len(budgets), int(budgets.max(initial=0))
+    tokens = np.zeros((B, max(K, 1)), np.int64)  # (B, J)
+    feats = np.zeros((B, max(K, 1), 2))  # (B, J, (top1, entropy))
+    n_drafted = np.zeros(B, np.int64)
+    for r, (toks, top1, ent) in drafts.items():
+        n = len(toks)
+        tokens[r, :n], feats[r, :n, 0], feats[r, :n, 1], n_drafted[r] = toks, top1, ent, n
+
+    def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
+
+    return Proposal(torch.from_numpy(tokens).to(device), None, draft_loop(budgets, draft_pass, keep_fn))

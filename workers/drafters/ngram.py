@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from specdepth.workers.drafters.base import Proposal
-from specdepth.workers.drafting import KeepFn, draft_loop
+from specdepth.workers.drafters.base import Proposal, fixed_proposal
+from specdepth.workers.drafting import KeepFn
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # defaults, as `--ngram-min` / `--ngram-max`
 
@@ -97,26 +96,20 @@ class NgramDrafter:
     def propose(self, seqs: dict[int, list[int]], slots: np.ndarray, budgets: np.ndarray,
                 keep_fn: KeepFn | None) -> Proposal:
         """Each row's whole draft first (lookups are microseconds), then the draft loop reads it."""
-        B, K = len(slots), int(budgets.max(initial=0))
-        tokens = np.zeros((B, max(K, 1)), np.int64)  # (B, J)
-        feats = np.zeros((B, max(K, 1), 2))  # (B, J, (top1, entropy))
-        n_drafted = np.zeros(B, np.int64)
+        drafts = {}
         for r in np.flatnonzero(budgets > 0).tolist():
             slot = int(slots[r])
             idx, seq = self.index[slot], seqs[slot]
             if idx.seen < len(seq):
                 self._extend(idx, seq)
-            ctx = seq[-self.n_max:]
-            for j in range(int(budgets[r])):
+            ctx, toks, top1, ent = seq[-self.n_max:], [], [], []
+            for _ in range(int(budgets[r])):
                 hit = self.lookup(idx, ctx)
                 if hit is None:
                     break
-                tokens[r, j], feats[r, j, 0], feats[r, j, 1] = hit
+                toks.append(hit[0])
+                top1.append(hit[1])
+                ent.append(hit[2])
                 ctx = ctx[1:] + [hit[0]] if len(ctx) == self.n_max else ctx + [hit[0]]
-                n_drafted[r] = j + 1
-
-        def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
-
-        drafted = draft_loop(budgets, draft_pass, keep_fn)
-        return Proposal(torch.from_numpy(tokens).to(self.device), None, drafted)
+            drafts[r] = (toks, top1, ent)
+        return fixed_proposal(drafts, budgets, keep_fn, self.device)

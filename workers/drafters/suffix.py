@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from specdepth.workers.drafters.base import Proposal
-from specdepth.workers.drafting import KeepFn, draft_loop
+from specdepth.workers.drafters.base import Proposal, fixed_proposal
+from specdepth.workers.drafting import KeepFn
 
 MATCH_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths indexed and matched
 SEP = -1  # between documents of the global index
@@ -157,10 +156,7 @@ class SuffixDrafter:
     # ---- drafting -----------------------------------------------------------------------------
     def propose(self, seqs: dict[int, list[int]], slots: np.ndarray, budgets: np.ndarray,
                 keep_fn: KeepFn | None) -> Proposal:
-        B, K = len(slots), int(budgets.max(initial=0))
-        tokens = np.zeros((B, max(K, 1)), np.int64)  # (B, J)
-        feats = np.zeros((B, max(K, 1), 2))  # (B, J, (top1, entropy))
-        n_drafted = np.zeros(B, np.int64)
+        drafts = {}
         for r in np.flatnonzero(budgets > 0).tolist():
             slot = int(slots[r])
             idx, seq = self.local[slot], seqs[slot]
@@ -173,12 +169,5 @@ class SuffixDrafter:
                 if d is not None and (best is None or d.score > best.score):
                     best = d
             if best is not None:
-                n = len(best.tokens)
-                tokens[r, :n], feats[r, :n, 0], feats[r, :n, 1] = best.tokens, best.top1, 1.0 / best.match
-                n_drafted[r] = n
-
-        def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
-
-        drafted = draft_loop(budgets, draft_pass, keep_fn)
-        return Proposal(torch.from_numpy(tokens).to(self.device), None, drafted)
+                drafts[r] = (best.tokens, best.top1, [1.0 / best.match] * len(best.tokens))
+        return fixed_proposal(drafts, budgets, keep_fn, self.device)
