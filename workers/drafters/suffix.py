@@ -137,14 +137,16 @@ class SuffixDrafter:
         start = self.prompt_len.pop(slot, 0)
         if idx is None or self.max_cached == 0 or len(idx.toks) <= start:
             return
-        out = idx.toks[start:][-self.max_cached:]
+        out = idx.toks[start:][-(self.max_cached - 1):] if self.max_cached > 1 else []
         self.outputs.append(out)
         if len(self.glob.toks) + len(out) + 1 <= self.max_cached:
             self.glob.extend(out + [SEP], self.lengths)
             return
-        kept, size = [], 0  # over the bound: keep the newest outputs that fit, and re-index them
+        # over the bound: keep the newest outputs that fill half of it, and re-index them (half,
+        # so that the next rebuild is max_cached / 2 new tokens away, not at the next request)
+        kept, size = [], 0
         for doc in reversed(self.outputs):
-            if size + len(doc) + 1 > self.max_cached:
+            if size + len(doc) + 1 > max(self.max_cached // 2, len(out) + 1):
                 break
             kept.append(doc)
             size += len(doc) + 1

@@ -56,14 +56,18 @@ def test_outputs_of_finished_sequences_draft_for_new_ones():
 
 
 def test_the_global_index_keeps_the_newest_outputs_within_its_bound():
-    d = SuffixDrafter(max_cached=12)
-    for i in range(5):
-        out = [100 + i] * 4 + [200 + i]
+    d = SuffixDrafter(max_cached=24)
+    sizes = []
+    for i in range(9):
+        out = [100 + i] * 4 + [200 + i]  # 6 tokens with the separator
         d.add([0], [[1]])
         propose(d, [1] + out, 1)
         d.remove(0)
-    assert sum(len(o) + 1 for o in d.outputs) <= 12 and d.outputs[-1] == [104] * 4 + [204]
-    assert len(d.glob.toks) == sum(len(o) + 1 for o in d.outputs)
+        sizes.append(len(d.glob.toks))
+        assert len(d.glob.toks) == sum(len(o) + 1 for o in d.outputs) <= 24
+    assert d.outputs[-1] == [108] * 4 + [208]
+    # past the bound it keeps half and grows again: a rebuild every few outputs, not every one
+    assert sizes == [6, 12, 18, 24, 12, 18, 24, 12, 18]
 
 
 def test_the_higher_scoring_index_wins():
