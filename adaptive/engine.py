@@ -12,6 +12,7 @@ others go on.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -360,6 +361,16 @@ class Engine:
                 reason = "context"
             if reason:
                 self._finish(int(s), reason)
+
+    def warm_up(self, prompt_ids: list[int], tokens: int = 8) -> None:
+        """One throwaway request through this runner with a copy of this engine's controller: the
+        compiled kernels load and the passes pay their first calls before anything is timed or
+        served (~0.4 s on the bundled pair here). This engine's state and statistics are untouched."""
+        try:
+            depth = copy.deepcopy(self.depth) if isinstance(self.depth, Controller) else self.depth
+        except Exception:  # a policy that cannot be copied (a user's, holding a resource): no warm-up
+            return
+        Engine(self.runner, depth, max_batch=1).run([Request("warm-up", list(prompt_ids), tokens, ignore_eos=True)])
 
     def run(self, requests: list[Request], progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
         """Serve all requests to completion; invalid ones come back with their error set."""

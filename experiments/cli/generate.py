@@ -176,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
     cost = build_cost(args.cost, pair, device, runner)
     engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
     reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
+    warm = next((r.prompt_ids[-32:] for r in reqs if 0 < len(r.prompt_ids) < runner.max_len - 8), None)
+    if warm is not None:
+        engine.warm_up(warm)  # first calls paid before the clock starts, as a server pays them at start-up
     t0 = time.perf_counter()
     outs = engine.run(reqs)
     wall = time.perf_counter() - t0

@@ -77,3 +77,27 @@ def test_nan_logits_fail_only_that_request(pair, clean):
         poisoned.embed.weight[42] = float("nan")  # any sequence holding token 42 gets NaN logits
     outs = run((poisoned, draft), GOOD[:1] + [Request("nan", [3, 42, 5], 6)] + GOOD[1:])
     check(outs, clean, "nan", "NaN/inf")
+
+
+def test_warm_up_leaves_the_engine_as_it_was():
+    """A throwaway request through a copy of the controller: same outputs, statistics and learned
+    state afterwards as an engine that never warmed up."""
+    from specdepth.adaptive.controller import Controller
+    from specdepth.adaptive.cost.model import FixedCost
+    from specdepth.policies.registry import make_policy
+    from specdepth.workers.runner import PairRunner
+    from tests.pairs import tiny_pair
+
+    target, draft = tiny_pair(noise=0.15)
+    reqs = [Request("a", [1, 2, 3, 1, 2, 3], 12), Request("b", [7, 8, 7, 8], 12)]
+    runs = []
+    for warm in (False, True):
+        ctl = Controller(make_policy("dspark"), 6, cost=FixedCost(target_ms=3, draft_ms=0.5), learn_cost=False)
+        eng = Engine(PairRunner(target, draft, n_slots=2, max_depth=6, drafter="ngram"), ctl)
+        if warm:
+            eng.warm_up([1, 2, 3, 1, 2])
+            assert eng.stats.steps == 0 and eng.step_no == 0 and not eng.runner.seqs
+        outs = eng.run([Request(r.request_id, r.prompt_ids, r.max_new_tokens) for r in reqs])
+        runs.append(([o.output_ids for o in outs], [o.accepted for o in outs], eng.stats.steps,
+                     ctl.acceptance.cells.sum()))
+    assert runs[0] == runs[1]
