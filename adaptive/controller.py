@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
+from specdepth.policies.base import ChooseContext, DepthPolicy, DraftContext, PlanContext, StepOutcome, VerifyContext
 from specdepth.workers.runner import StepResult
 
 log = logging.getLogger("specdepth.controller")
@@ -71,6 +71,7 @@ class _StepState:
     keep_conf: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # (B, j) last keep_drafting's
     shown_conf: Optional[np.ndarray] = None  # (B, J) the confidences verify computed
     priors: Optional[Priors] = None  # the planning priors `plan` offered
+    free: Optional[np.ndarray] = None  # (B,) bool rows that kept the model-free draft (hybrid drafter)
 
 
 def check_depths(policy: DepthPolicy, max_depth: int) -> None:
@@ -102,6 +103,7 @@ class Controller:
         self.policy = policy
         self.max_depth = max_depth
         self.free_draft = False  # drafting runs no model pass (`draft_is_free`)
+        self.acceptance_free: Any = None  # the model-free rows' acceptance model (`drafts_hybrid`)
         self.cost = cost if cost is not None else FixedCost(target_ms=1.0, draft_ms=0.1)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.learn_cost = learn_cost
@@ -130,6 +132,15 @@ class Controller:
         now on, whatever cost model is set (`adaptive.cost.free_draft`)."""
         self.free_draft = True
         self.cost = self._cost
+
+    def drafts_hybrid(self) -> None:
+        """The runner's drafter chooses per sequence between a model-free draft and the draft
+        model's (`workers/drafters/hybrid.py`): the model-free rows get an acceptance model of
+        their own, since their features (a continuation frequency, a match length) mean something
+        else than the draft model's probabilities."""
+        from specdepth.adaptive.acceptance.model import AcceptanceModel
+        if self.acceptance_free is None:
+            self.acceptance_free = AcceptanceModel(self.acceptance.config)
 
     def _state(self, step: int) -> _StepState:
         """The state of `step`, fresh when it is a new step (the last step's priors then close)."""
@@ -241,6 +252,27 @@ class Controller:
             return arr.astype(bool)
         return keep
 
+    def choose_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray):
+        """The hybrid drafter's callback: which rows keep the model-free draft, however short
+        (`choose_drafter`, shown its calibrated confidences); the others draft with the model. A
+        fault keeps it wherever it drafted anything."""
+        def choose(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+            B = len(seq_ids)
+            conf = self.acceptance_free.calibrate(seq_ids, top1, entropy) * (top1 > 0)  # (B, J)
+            val, ok = self._call("choose_drafter", self.policy.choose_drafter,
+                                 ChooseContext(step, seq_ids, context_lens, budgets, drafted, conf, top1,
+                                               self.step_cost(step, B)))
+            take = drafted > 0
+            if ok:
+                arr = np.asarray(val)
+                if arr.shape == (B,):
+                    take = arr.astype(bool)
+                else:
+                    self._fault("choose_drafter: wrong shape", f"got {arr.shape}")
+            self._state(step).free = take
+            return take
+        return choose
+
     def verify_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray):
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
             conf = self._calibrated(step, seq_ids, top1, entropy)  # (B, J)
@@ -260,17 +292,30 @@ class Controller:
         shown = self._now.shown_conf if self._now.step == step else None
         if shown is not None and shown.shape == np.shape(top1):
             return shown
-        return self._fresh_conf(seq_ids, top1, entropy)
+        return self._fresh_conf(seq_ids, top1, entropy, self._free_rows(step))
 
-    def _fresh_conf(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
-        """(B, J) the acceptance model's calibrated confidences now, 0 past each drafted length."""
-        return self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+    def _free_rows(self, step: int) -> Optional[np.ndarray]:
+        """(B,) bool the rows of `step` that kept a model-free draft (hybrid), or None."""
+        free = self._now.free if self._now.step == step else None
+        return free if free is not None and free.any() else None
+
+    def _fresh_conf(self, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray,
+                    free: Optional[np.ndarray] = None) -> np.ndarray:
+        """(B, J) the acceptance model's calibrated confidences now, 0 past each drafted length;
+        `free` (B,) bool rows are calibrated by the model-free rows' own model (hybrid)."""
+        conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
+        if free is not None:
+            conf[free] = self.acceptance_free.calibrate(seq_ids[free], top1[free], entropy[free]) * (top1[free] > 0)
+        return conf
 
     def _calibrated(self, step: int, seq_ids: np.ndarray, top1: np.ndarray, entropy: np.ndarray) -> np.ndarray:
         """(B, J) the drafted positions' calibrated confidences. Where the step's last
         `keep_drafting` call saw every drafted position (drafting ended after it), its answer, padded:
         a column depends on its own features and the sequence's history only (`calibrate`), and
         neither changed since; saves a calibration, ~50-100 us after a draft pass on the CPU pair."""
+        free = self._free_rows(step)
+        if free is not None:
+            return self._fresh_conf(seq_ids, top1, entropy, free)
         kept = self._state(step).keep_conf
         if kept.shape[0] == top1.shape[0] and 0 < kept.shape[1] <= top1.shape[1] \
                 and not top1[:, kept.shape[1]:].any():
@@ -317,9 +362,16 @@ class Controller:
         if conf is None:
             conf = own = self.shown_conf(rec.step, seq_ids, top1, entropy)
         elif conf.shape != top1.shape:
-            conf = self._fresh_conf(seq_ids, top1, entropy)
+            conf = self._fresh_conf(seq_ids, top1, entropy, self._free_rows(rec.step))
         self._close_priors()
-        self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
+        free = res.free if res.free is not None and res.free.any() and self.acceptance_free is not None else None
+        if free is None:
+            self.acceptance.observe(seq_ids, top1, entropy, verified, accepted, conf=own)
+        else:  # each drafter's rows teach its own model
+            for model, rows in ((self.acceptance, ~free), (self.acceptance_free, free)):
+                if rows.any():
+                    model.observe(seq_ids[rows], top1[rows], entropy[rows], verified[rows], accepted[rows],
+                                  conf=None if own is None else own[rows])
         n_tok, ctx, B = int((verified + 1).sum()), int(context_lens.sum()), len(seq_ids)
         if self.cost_track is not None and rec.overhead_s is not None:  # the prediction, then the learning
             self.cost.ready()  # tables the step's learning rebuilds anyway: timed
@@ -336,7 +388,9 @@ class Controller:
                           res.draft_s + res.target_s, res.draft_s, res.target_s, context_lens, rec.finished,
                           res.keep_s, res.first_pass_s,
                           self.verify_seconds(rec.step) if rec.verify_s is None else rec.verify_s,
-                          prev_step_s=rec.prev_step_s)
+                          prev_step_s=rec.prev_step_s, free=res.free)
         self._call("observe", self.policy.observe, out)
         if len(rec.finished):
             self.acceptance.forget(rec.finished)
+            if self.acceptance_free is not None:
+                self.acceptance_free.forget(rec.finished)

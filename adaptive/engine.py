@@ -207,8 +207,12 @@ class Engine:
         """
         self.runner = runner
         self.depth = depth
-        if isinstance(depth, Controller) and getattr(getattr(runner, "drafter", None), "model_free", False):
+        drafter = getattr(runner, "drafter", None)
+        if isinstance(depth, Controller) and getattr(drafter, "model_free", False):
             depth.draft_is_free()
+        self.chooses = isinstance(depth, Controller) and getattr(drafter, "chooses", False)
+        if self.chooses:
+            depth.drafts_hybrid()
         self.eos_ids = set(eos_ids)
         self.clock = clock
         self.max_batch = min(max_batch or runner.n_slots, runner.n_slots)
@@ -300,9 +304,15 @@ class Engine:
         ctl = self.depth if isinstance(self.depth, Controller) else None
         # a model-free draft costs nothing to extend: drafted to its budgets, `verify` alone decides
         asks_keep = ctl is not None and not ctl.free_draft
-        res = self.runner.step(slots, budgets,
-                               ctl.keep_fn(self.step_no, seq_ids, budgets) if asks_keep else None,
-                               ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None)
+        keep = ctl.keep_fn(self.step_no, seq_ids, budgets) if asks_keep else None
+        verify = ctl.verify_fn(self.step_no, seq_ids, ctx_lens) if ctl else None
+        if self.chooses:  # a hybrid drafter: the model-free draft (to the room left, for a policy
+            # that chooses; else to the budgets), then the choice
+            caps = np.clip(room[live], 0, self.runner.max_depth) if ctl.policy.overrides("choose_drafter") else None
+            res = self.runner.step(slots, budgets, keep, verify, ctl.choose_fn(self.step_no, seq_ids, ctx_lens, budgets),
+                                   caps)
+        else:
+            res = self.runner.step(slots, budgets, keep, verify)
         self._commit(res, ctx_lens)
         t_obs, tracked = time.perf_counter(), 0.0
         if ctl:

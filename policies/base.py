@@ -13,6 +13,10 @@ A step, from a policy's point of view (DESIGN.md "Architecture"):
    depends on the drafted token x_{r,j}: the lossless rule, enforced by structure.
 4. `observe(StepOutcome)`: what happened (optional).
 
+With the `hybrid` drafter, between 1 and 2: `choose_drafter(ChooseContext) -> (B,) bool`, which
+sequences keep the model-free draft already made for them, however short (the others draft with
+the draft model, to their budgets). It sees that draft's confidences only, a function of the prefix.
+
 Confidences are computed from the draft's distribution at position j *before* x_j is sampled
 (top-1 probability, entropy); a policy never sees draft tokens. Policies are pure numpy: no torch,
 no ray, no wall clock, no global RNG. State lives on the instance, in plain attributes, and only
@@ -107,6 +111,23 @@ class VerifyContext:
 
 
 @dataclass(frozen=True)
+class ChooseContext:
+    step: int
+    seq_ids: np.ndarray  # (B,) int64
+    context_lens: np.ndarray  # (B,) int64
+    budgets: np.ndarray  # (B,) int64: L_r from plan, the draft model's budgets
+    drafted: np.ndarray  # (B,) int64: tokens the model-free drafter proposed
+    conf: np.ndarray  # (B, J) float: their calibrated confidences (the model-free drafter's own calibration)
+    top1: np.ndarray  # (B, J) float: their raw top-1 feature (a continuation frequency)
+    cost: StepCost
+
+    @property
+    def survival(self) -> np.ndarray:
+        """(B, J) s_{r,i} of the model-free draft; zero past each drafted length."""
+        return np.cumprod(self.conf, axis=1)
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     step: int
     seq_ids: np.ndarray  # (B,) int64
@@ -133,6 +154,8 @@ class StepOutcome:
     # the whole wall time of the step before this one, from its start to this one's (admission
     # apart): drafts, verify pass, sampling, commit, the controller; 0 where not measured (replay)
     prev_step_s: float = 0.0
+    # (B,) bool rows whose draft was model-free, with the hybrid drafter (None: one drafter for all)
+    free: np.ndarray | None = None
 
     @property
     def emitted(self) -> np.ndarray:
@@ -172,6 +195,12 @@ class DepthPolicy:
         """Whether the controller asks `keep_drafting` this step (asked right after `plan`): False
         drafts every sequence to its budget, as a policy without `keep_drafting` does."""
         return True
+
+    def choose_drafter(self, ctx: ChooseContext) -> np.ndarray:
+        """(B,) bool: the sequences that keep the model-free draft, however short (none
+        included); the others draft with the draft model to their budgets (hybrid drafter only).
+        Default: every sequence it drafted anything for."""
+        return ctx.drafted > 0
 
     def observe(self, out: StepOutcome) -> None:
         return None

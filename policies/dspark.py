@@ -33,7 +33,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from specdepth.policies.base import DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome, VerifyContext
+from specdepth.policies.base import (ChooseContext, DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome,
+                                    VerifyContext)
+from specdepth.policies.dspark_choose import choose_free
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
 from specdepth.policies.dspark_rail import Rail
@@ -107,6 +109,7 @@ class DSpark(DepthPolicy):
         self._passes = (-1, 0)  # (step, draft passes) as far as this policy knows (see verify)
         self._prices: StepPrices | None = None  # this step's step-time table
         self._alloc: VerifyColumns | None = None
+        self._plain_step = -1  # the last step the rail planned plain (a hybrid's free drafts dropped too)
 
     def _context_tokens(self, context_lens: np.ndarray) -> int:
         return int(context_lens.sum()) if self.context_aware else 0
@@ -126,6 +129,7 @@ class DSpark(DepthPolicy):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             self._plan_ctx, self._plan_key, self._cost_learns = ctx, None, ctx.cost_learns
             self._passes, m.last_ids = (ctx.step, 0), ctx.seq_ids
+            self._plain_step = ctx.step
             return np.zeros(B, np.int64)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         budgets, deepest = self._budgets(ctx, prices)
@@ -178,7 +182,7 @@ class DSpark(DepthPolicy):
         return budgets, deepest
 
     def verifies(self, step: int) -> bool:
-        return step != self._measure.skip_verify_step
+        return step == self._plain_step or step != self._measure.skip_verify_step
 
     def drafts_dynamically(self, step: int) -> bool:
         return step != self._measure.fixed_step
@@ -189,6 +193,25 @@ class DSpark(DepthPolicy):
         if self.catch_up and self._cost_learns:
             self._draft_lag.track(out)
         self._measure.observe(out, self._prices, self._plan_ctx, self._cost_learns)
+
+    # ---- choose_drafter (the hybrid drafter) ----------------------------------------------------------
+
+    def choose_drafter(self, ctx: ChooseContext) -> np.ndarray:
+        """Keep the model-free draft unless drafting some sequences with the model is predicted
+        to raise Theta more (policies/dspark_choose.py). Where the rail planned plain, every
+        sequence keeps its free draft, and `verify` checks none of it."""
+        B = len(ctx.seq_ids)
+        pc = self._plan_ctx
+        if ctx.step == self._plain_step or pc is None or pc.step != ctx.step or not np.any(ctx.budgets > 0):
+            keep = np.ones(B, bool)
+        else:
+            p = self._prices_for(ctx.step, pc.cost, self._context_tokens(pc.context_lens), B, pc.max_depth)
+            keep = choose_free(np.asarray(ctx.survival, np.float64), np.asarray(pc.prior_survival, np.float64),
+                               np.asarray(ctx.budgets, np.int64), p.target[B:],
+                               p.draft_all if self.price_draft else 0.0)
+        if not np.any(~keep & (ctx.budgets > 0)) and self._passes[0] == ctx.step:
+            self._passes = (ctx.step, 0)  # no draft pass runs: none is sunk in verify's prices
+        return keep
 
     # ---- keep_drafting -------------------------------------------------------------------------------
 
@@ -233,7 +256,7 @@ class DSpark(DepthPolicy):
 
     def verify(self, ctx: VerifyContext) -> np.ndarray:
         n, j = ctx.conf.shape
-        if n == 0 or j == 0:
+        if n == 0 or j == 0 or ctx.step == self._plain_step:  # plain: a hybrid's free drafts go unchecked
             return np.zeros(n, np.int64)
         conf, drafted = np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64)
         lens = np.asarray(ctx.context_lens, np.int64)

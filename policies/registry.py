@@ -21,6 +21,7 @@ import sys
 import importlib.metadata
 from typing import Any
 
+from specdepth.policies.arctic import ArcticHybrid
 from specdepth.policies.bandit import Bandit
 from specdepth.policies.base import DepthPolicy
 from specdepth.policies.early_exit import EarlyExit
@@ -52,6 +53,7 @@ BUILTINS: dict[str, type[DepthPolicy]] = {
         Tetris,
         Nightjar,
         Oracle,  # replay only: needs PlanContext.oracle_match
+        ArcticHybrid,  # per-sequence drafter choice: with `--drafter hybrid`
     )
 }
 

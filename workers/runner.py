@@ -1,7 +1,7 @@
 """PairRunner: a drafter and a target model over many sequences, one speculative step at a time.
 
 The runner owns the two KV caches and each sequence's committed tokens; a drafter
-(`workers/drafters/`: the draft model, n-gram lookup) proposes the draft tokens. Cache
+(`workers/drafters/`: the draft model, n-gram lookup, suffix, or a per-sequence hybrid) proposes the draft tokens. Cache
 invariant: for a sequence of n committed tokens, the target's slot holds n - 1 positions (the
 last committed token is fed at the start of the next step), and the draft model's slot holds at
 most n - 1 (it catches up on whatever it lacks in its first pass of the next draft). `step` is
@@ -20,6 +20,7 @@ import torch
 
 from specdepth.workers.compiled import compile_pair
 from specdepth.workers.drafters.base import Drafter
+from specdepth.workers.drafters.hybrid import ChooseFn
 from specdepth.workers.drafters.registry import make_drafter
 from specdepth.workers.drafting import KeepFn
 from specdepth.workers.kv_cache import KVCache
@@ -54,6 +55,7 @@ class StepResult:
     policy_s: float = 0.0  # wall time inside keep_fn and verify_fn (the controller's decisions)
     keep_s: float = 0.0  # of which inside keep_fn
     first_pass_s: float = 0.0  # wall time of the first draft pass (the catch-up), features included
+    free: np.ndarray | None = None  # (B,) bool: rows drafted model-free (a hybrid drafter); None: one drafter
 
 
 class PairRunner:
@@ -134,7 +136,8 @@ class PairRunner:
     # ---- the speculative step ---------------------------------------------------------------
     @torch.inference_mode()
     def step(self, slots: np.ndarray, budgets: np.ndarray, keep_fn: KeepFn | None = None,
-             verify_fn: VerifyFn | None = None) -> StepResult:
+             verify_fn: VerifyFn | None = None, choose_fn: ChooseFn | None = None,
+             caps: np.ndarray | None = None) -> StepResult:
         """Draft up to budgets[r] tokens, verify the chosen prefix in one target pass, commit.
 
         Args:
@@ -142,11 +145,16 @@ class PairRunner:
             budgets: (B,) int64 draft budgets L_r in [0, max_depth].
             keep_fn: asked after each draft pass whether each sequence drafts one more token.
             verify_fn: verify lengths after drafting (default: everything drafted).
+            choose_fn, caps: for a drafter that chooses per row (hybrid): which rows keep the
+                model-free draft, drafted up to caps[r] (B,) (default: the budgets).
         """
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
         t0 = time.perf_counter()
-        prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn)
+        if getattr(self.drafter, "chooses", False):
+            prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn, choose_fn, caps)
+        else:
+            prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn)
         tokens, qprobs, dr = prop.tokens, prop.qprobs, prop.drafted
         drafted, top1, ent, keep_s = dr.drafted, dr.top1, dr.entropy, dr.keep_s
         self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
@@ -188,7 +196,7 @@ class PairRunner:
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
                           t1 - t0 - keep_s, target_s, dr.passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, keep_s + t_verify, keep_s, dr.first_pass_s)
+                          failed, keep_s + t_verify, keep_s, dr.first_pass_s, prop.free)
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]

@@ -371,6 +371,9 @@ def record_traces(pair: Any, prompts: Sequence[str | Sequence[int]], k_max: int 
     if tok is None and any(isinstance(p, str) for p in prompts):
         raise ValueError("text prompts need the pair's tokenizer; give token ids instead")
     ids = [tok.encode(p) if isinstance(p, str) else [int(x) for x in p] for p in prompts]
+    if drafter == "hybrid":
+        raise ValueError("--drafter hybrid: record one trace per drafter (model, and ngram or suffix); "
+                         "a trace of both chains is not recorded yet")
     if drafter != "model" and temperature > 0:
         raise ValueError(f"a sampling trace records the draft model's q: --drafter {drafter} records greedy traces only")
     runner = PairRunner(pair.target, pair.draft, n_slots=batch, max_depth=k_max,

@@ -18,13 +18,15 @@ from scipy.stats import chisquare
 from tests.pairs import tiny_pair
 from specdepth.adaptive.controller import StepRecord
 from specdepth.workers.drafters.base import Proposal
+from specdepth.workers.drafters.hybrid import HybridDrafter
 from specdepth.workers.drafters.ngram import NgramDrafter
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
 V, N_SAMPLES, LATER = 8, 20_000, 3  # LATER: the 3rd generated token
 # per drafter: the n-gram drafter needs a suffix that occurred before (1 -> 4 or 5) to draft at once
-PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1], "suffix": [3, 1, 4, 1, 5, 1]}
+PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1], "suffix": [3, 1, 4, 1, 5, 1], "hybrid": [3, 1, 4, 1, 5, 1],
+           "zero-q-hybrid": [3, 1, 4, 1, 5, 1]}
 PROMPT = PROMPTS["model"]
 
 
@@ -38,6 +40,17 @@ class SoftQNgram(NgramDrafter):
         q = torch.full((B, J, V), 0.5 / (V - 1))
         q.scatter_(-1, prop.tokens[..., None], 0.5)
         return Proposal(prop.tokens, q, prop.drafted)
+
+
+class ZeroQHybrid(HybridDrafter):
+    """NOT lossless: a hybrid that leaves the model-free rows' q as the draft model left it (0, as
+    it drafted nothing there), so the sampler accepts their tokens whatever p says."""
+
+    def propose(self, *a, **k):
+        prop = super().propose(*a, **k)
+        if prop.qprobs is not None:
+            prop.qprobs[torch.from_numpy(prop.free)] = 0.0
+        return prop
 
 
 def exact_marginals(target, sp: SamplingParams, prompt: list[int] = PROMPT) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +76,11 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, po
     """
     batch = 2000
     runner = PairRunner(target, draft, n_slots=batch, max_depth=depth, sampling=sp, seed=seed, compile=compile,
-                        buckets=((batch,), (1, 5)), drafter=drafter)
+                        buckets=((batch,), (1, 5)), drafter="hybrid" if drafter == "zero-q-hybrid" else drafter)
+    if drafter == "zero-q-hybrid":
+        runner.drafter = ZeroQHybrid(runner)
+    hybrid = getattr(runner.drafter, "chooses", False)
+    pick = np.random.default_rng(seed)  # without a policy, a hybrid's rows take either draft at random
     out, step = [], 0
     speculative_samples.accepted = 0  # draft tokens accepted in all: the drafter really drafted
 
@@ -79,12 +96,16 @@ def speculative_samples(target, draft, sp, depth: int, leak: bool, seed: int, po
                 ids = slots.astype(np.int64)
                 lens = np.array([len(runner.seqs[s]) for s in slots])
                 budgets = policy.plan(step, ids, lens)
-                res = runner.step(slots, budgets, policy.keep_fn(step, ids, budgets), policy.verify_fn(step, ids, lens))
+                choose = policy.choose_fn(step, ids, lens, budgets) if hybrid else None
+                res = runner.step(slots, budgets, policy.keep_fn(step, ids, budgets), policy.verify_fn(step, ids, lens),
+                                  choose, np.full(batch, depth) if hybrid else None)
                 speculative_samples.accepted += int(res.accepted.sum())
                 policy.observe(StepRecord(step, ids, lens, budgets, res, np.zeros(0, np.int64)))
                 step += 1
                 continue
-            speculative_samples.accepted += int(runner.step(slots, budgets, verify_fn=verify_fn).accepted.sum())
+            choose = (lambda t, e, d: pick.random(len(d)) < 0.5) if hybrid else None
+            speculative_samples.accepted += int(runner.step(slots, budgets, verify_fn=verify_fn,
+                                                            choose_fn=choose).accepted.sum())
         out.extend(runner.seqs[s][len(prompt): len(prompt) + LATER] for s in slots)
         for s in slots:
             runner.remove(int(s))
@@ -109,7 +130,7 @@ def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix", "hybrid"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
 def test_speculative_sampling_matches_target(pair, sp, compile, drafter):
@@ -146,7 +167,7 @@ def test_negative_control_soft_q_for_a_deterministic_draft_is_caught(pair, compi
     assert p1 < 1e-6
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix", "hybrid"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("spec", ["dspark", "random"])
 def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
@@ -156,13 +177,29 @@ def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
     from tests.adaptive.test_controller import RandomPolicy
     target, draft = pair
     sp = SamplingParams(1.0)
-    policy = RandomPolicy(5) if spec == "random" else make_policy(spec)
+    from tests.workers.drafters.test_hybrid import RandomChooser
+    policy = (RandomChooser(5) if drafter == "hybrid" else RandomPolicy(5)) if spec == "random" else make_policy(spec)
     ctl = Controller(policy, max_depth=4, cost=FixedCost(target_ms=10, draft_ms=1))
-    if drafter != "model":
+    if drafter in ("ngram", "suffix"):
         ctl.draft_is_free()
+    elif drafter == "hybrid":
+        ctl.drafts_hybrid()
     first, later = exact_marginals(target, sp, PROMPTS[drafter])
     samples = speculative_samples(target, draft, sp, depth=4, leak=False, seed=13, policy=ctl, compile=compile,
                                   drafter=drafter, prompt=PROMPTS[drafter])
     p1, p3 = p_values(samples, first, later)
     print(f"\n{spec}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
     assert p1 >= 0.01 and p3 >= 0.01 and speculative_samples.accepted > 0
+
+
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
+def test_negative_control_hybrid_without_one_hot_q_for_its_free_rows_is_caught(pair, compile):
+    target, draft = pair
+    sp = SamplingParams(1.0)
+    prompt = PROMPTS["hybrid"]
+    first, later = exact_marginals(target, sp, prompt)
+    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=12, compile=compile,
+                                  drafter="zero-q-hybrid", prompt=prompt)
+    p1, _ = p_values(samples, first, later)
+    print(f"\nzero q on the free rows: p(first) = {p1:.3g}")
+    assert p1 < 1e-6

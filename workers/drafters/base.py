@@ -26,6 +26,7 @@ class Proposal:
     tokens: torch.Tensor  # (B, J) long: drafted tokens, J >= 1; entries past drafted[r] are ignored
     qprobs: torch.Tensor | None  # (B, J, V) float: the q each token was drawn from; None: one-hot q
     drafted: Drafted  # counts (B,), features (B, J), passes and timings
+    free: np.ndarray | None = None  # (B,) bool: rows drafted model-free (a hybrid drafter); None: all one drafter's
 
 
 class Drafter(Protocol):

@@ -1,17 +1,18 @@
-"""Drafters by name: `--drafter model|ngram|suffix` on the command line."""
+"""Drafters by name: `--drafter model|ngram|suffix|hybrid` on the command line."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from specdepth.workers.drafters.base import Drafter
+from specdepth.workers.drafters.hybrid import HybridDrafter
 from specdepth.workers.drafters.model import ModelDrafter
 from specdepth.workers.drafters.ngram import NgramDrafter
 from specdepth.workers.drafters.suffix import SuffixDrafter
 
 # name -> factory(runner, **options) -> Drafter
 DRAFTERS: dict[str, Callable[..., Drafter]] = {"model": ModelDrafter, "ngram": NgramDrafter,
-                                                "suffix": SuffixDrafter}
+                                                "suffix": SuffixDrafter, "hybrid": HybridDrafter}
 
 
 def make_drafter(name: str, runner, **options) -> Drafter:
