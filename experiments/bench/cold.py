@@ -33,7 +33,7 @@ from specdepth.experiments.cli.argtypes import positive_int
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
 DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=4@ngram", "static:k=8@ngram", "dspark@ngram",
-                    "static:k=8@suffix", "dspark@suffix")
+                    "static:k=8@suffix", "dspark@suffix", "arctic-hybrid@hybrid", "dspark@hybrid")
 SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),

@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="replay depth policies on traces at given loads (goodput, latency)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_args(p)
+    p.add_argument("--hybrid-trace", action="append", default=None, type=trace_file,
+                   help="a model-free drafter's trace of the --trace requests (record --drafter suffix): "
+                        "replay the hybrid drafter, each sequence's chain chosen each step by the policy")
     p.add_argument("--policy", action="append", required=True, type=policy_spec,
                    help="policy spec; repeat for several")
     load = p.add_mutually_exclusive_group(required=True)
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         traces = load_trace_files(args.trace)
+        free = load_trace_files(args.hybrid_trace) if args.hybrid_trace else None
         arrivals = load_arrivals(args.arrivals, args.requests or ARRIVALS_DEFAULT) if args.arrivals else None
     except (TraceError, ValueError, FileNotFoundError) as e:
         return report("replay", e)
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             res = replay(traces, spec, args.cost, max_batch=args.max_batch, requests=args.requests or None,
                          drain=args.drain, max_output=args.max_output, k_max=args.k_max or None,
-                         seed=args.seed, **load)
+                         seed=args.seed, free_traces=free, **load)
         except ValueError as e:
             return report("replay", e)
         rows.append(res.metrics)

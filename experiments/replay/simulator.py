@@ -142,11 +142,11 @@ class _Sim:
     """One replay: the step loop (`Engine`) over a `TraceRunner`, and the requests it serves."""
 
     def __init__(self, traces: TraceSet, policy: DepthPolicy, cost: CostModel, max_batch: int,
-                 k_max: int, seed: int, acceptance: AcceptanceModel | None) -> None:
+                 k_max: int, seed: int, acceptance: AcceptanceModel | None, free_traces: TraceSet | None) -> None:
         free = traces.header.meta.get("drafter", "model") in MODEL_FREE  # drafted without a model: priced free
         if free:
             cost = FreeDraftCost(cost)
-        self.runner = TraceRunner(traces, cost, max_batch, k_max, seed)
+        self.runner = TraceRunner(traces, cost, max_batch, k_max, seed, free=free_traces)
         self.approximate = traces.accept_prob is not None
         if getattr(policy, "needs_oracle_match", False):
             policy = _OracleFeed(policy, self.runner)
@@ -171,7 +171,7 @@ def replay(traces: TraceSet, policy: str | DepthPolicy, cost: str | CostModel, *
            concurrency: int | None = None, arrivals: Arrivals | None = None, rate_scale: float = 1.0,
            max_batch: int = 256, requests: int | None = None, drain: bool = False,
            max_output: int = 2048, k_max: int | None = None, seed: int = 0,
-           acceptance: AcceptanceModel | None = None) -> ReplayResult:
+           acceptance: AcceptanceModel | None = None, free_traces: TraceSet | None = None) -> ReplayResult:
     """Simulate one policy at one load.
 
     Args:
@@ -190,10 +190,12 @@ def replay(traces: TraceSet, policy: str | DepthPolicy, cost: str | CostModel, *
         seed: for sampling traces (acceptance draws).
         acceptance: the controller's acceptance model (default a fresh one; pass a trained one to
             replay with warm calibration). It learns during the replay.
+        free_traces: a model-free drafter's trace of the same requests: replay the hybrid drafter,
+            each sequence's chain chosen each step by the policy (`trace_runner.check_hybrid`).
     Returns:
         ReplayResult; metrics as in `METRICS`, plus the policy, the load and `approximate`.
     Raises:
-        ValueError: neither or both loads, or bad sizes.
+        ValueError: neither or both loads, bad sizes, or free traces not of these requests.
     """
     if (concurrency is None) == (arrivals is None):
         raise ValueError("give exactly one of concurrency (closed loop) or arrivals")
@@ -202,7 +204,7 @@ def replay(traces: TraceSet, policy: str | DepthPolicy, cost: str | CostModel, *
     pol = make_policy(policy) if isinstance(policy, str) else policy
     cm = parse_cost(cost) if isinstance(cost, str) else cost
     K = min(k_max or traces.k_max, traces.k_max)
-    sim = _Sim(traces, pol, cm, max_batch, K, seed, acceptance)
+    sim = _Sim(traces, pol, cm, max_batch, K, seed, acceptance, free_traces)
     R = len(traces)
     if arrivals is not None:
         n = min(requests or len(arrivals.times), len(arrivals.times))

@@ -99,3 +99,28 @@ def test_record_command(tmp_path, monkeypatch, capsys):
     prompts.write_text('{"prompt": 7}\n')
     assert cli("record", "--out", str(out), "--prompts", str(prompts), "--no-progress") == 2
     assert f"{prompts}:1:" in capsys.readouterr().err
+
+
+def test_replay_of_the_hybrid_drafter_from_two_recorded_traces(tmp_path, monkeypatch, capsys):
+    """`record` a draft-model trace and a suffix one of the same prompts, `replay --hybrid-trace`
+    them; a trace of other requests is refused in one line."""
+    from specdepth.workers import bundled
+    target, draft = tiny_pair(noise=0.35, seed=6)
+    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny", tokenizer=None, eos_ids=())
+    monkeypatch.setattr(bundled, "load_pair", lambda *a, **k: pair)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": [1 + i % 5, 2, 3, 1 + i % 5, 2]}) + "\n" for i in range(6)))
+    paths = {}
+    for drafter, n in (("model", "6"), ("suffix", "6"), ("suffix", "3")):
+        paths[drafter, n] = tmp_path / f"{drafter}{n}.jsonl.gz"
+        assert cli("record", "--out", str(paths[drafter, n]), "--prompts", str(prompts), "--n", n, "--drafter",
+                   drafter, "--max-new-tokens", "16", "--k-max", "4", "--batch", "3", "--no-progress") == 0
+    capsys.readouterr()
+    assert cli("replay", "--trace", str(paths["model", "6"]), "--hybrid-trace", str(paths["suffix", "6"]),
+               "--policy", "arctic-hybrid:k=2", "--policy", "dspark", "--concurrency", "1,4",
+               "--cost", "fixed:target_ms=10,draft_ms=2", "--no-progress") == 0
+    assert capsys.readouterr().out.count("arctic-hybrid:k=2") == 2
+    assert cli("replay", "--trace", str(paths["model", "6"]), "--hybrid-trace", str(paths["suffix", "3"]),
+               "--policy", "dspark", "--concurrency", "1", "--no-progress") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdepth replay: error: the model-free trace is not of the same requests") and "\n" not in err

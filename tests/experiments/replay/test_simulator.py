@@ -174,3 +174,55 @@ def test_greedy_replay_equals_live_on_the_bundled_pair(spec):
     pair = load_pair(device="cpu")
     prompts = [pair.tokenizer.encode(p) for p in heldout_prompts(4)]
     check_replay_equals_live(pair, prompts, spec, 24, FixedCost(target_ms=7.0, draft_ms=1.2))
+
+
+@pytest.mark.parametrize("spec", ["arctic-hybrid:k=2", "dspark", "static:k=3"])
+def test_greedy_hybrid_replay_of_two_traces_equals_the_live_engine(spec):
+    """A draft-model trace and an n-gram trace of the same requests replay the hybrid drafter:
+    each step the policy sees the n-gram chain and chooses per sequence, exactly as live."""
+    target, draft = tiny_pair(noise=0.35, seed=6)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 12, int(rng.integers(4, 16))).tolist() for _ in range(10)]
+    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
+    cost = FixedCost(target_ms=10.0, draft_ms=1.0)
+    model = record_traces(pair, prompts, k_max=6, max_new_tokens=30, batch=4, progress=False)
+    free = record_traces(pair, prompts, k_max=6, max_new_tokens=30, batch=4, progress=False, drafter="ngram")
+    live = Engine(PairRunner(target, draft, n_slots=4, max_depth=6, drafter="hybrid",
+                             drafter_options={"free": "ngram"}),
+                  Controller(make_policy(spec), 6, cost=cost, learn_cost=False))
+    outs = live.run([Request(str(i), p, 30, ignore_eos=True) for i, p in enumerate(prompts)])
+    rep = replay(model, spec, cost, concurrency=4, requests=len(prompts), drain=True, free_traces=free)
+    assert [o.output_ids for o in outs] == [r.tokens.tolist() for r in model.requests]
+    assert [o.accepted for o in outs] == rep.accepted.tolist()
+    assert [o.steps for o in outs] == rep.steps.tolist()
+    assert sum(o.accepted for o in outs) > 0
+
+
+def test_a_hybrid_replay_that_always_keeps_one_chain_is_that_chain_s_replay():
+    """Keeping every free chain replays the free trace alone; keeping none, the model trace."""
+    from specdepth.policies.static import Static
+
+    class Always(Static):
+        def __init__(self, k, keep):
+            super().__init__(k)
+            self.keep = keep
+
+        def choose_drafter(self, ctx):
+            return np.full(len(ctx.seq_ids), self.keep)
+
+    target, draft = tiny_pair(noise=0.35, seed=6)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, 12, int(rng.integers(4, 16))).tolist() for _ in range(8)]
+    pair = types.SimpleNamespace(target=target, draft=draft, name="tiny")
+    model = record_traces(pair, prompts, k_max=4, max_new_tokens=24, batch=4, progress=False)
+    free = record_traces(pair, prompts, k_max=4, max_new_tokens=24, batch=4, progress=False, drafter="ngram")
+    cost = FixedCost(target_ms=10.0, draft_ms=1.0)
+    run = (lambda tr, pol, **kw: replay(tr, pol, cost, concurrency=4, requests=8, drain=True, **kw))
+    for keep, alone in ((False, model), (True, free)):
+        hy, one = run(model, Always(4, keep), free_traces=free), run(alone, Static(4))  # k = K: the free chain is cut to K either way
+        assert hy.accepted.tolist() == one.accepted.tolist() and hy.steps.tolist() == one.steps.tolist()
+    with pytest.raises(ValueError, match="not of the same requests"):
+        run(model, Static(3), free_traces=record_traces(pair, prompts[:4], k_max=4, max_new_tokens=24, batch=4,
+                                                        progress=False, drafter="ngram"))
+    with pytest.raises(ValueError, match="a draft-model trace and a model-free one"):
+        run(free, Static(3), free_traces=free)
