@@ -208,6 +208,8 @@ class Controller:
         ctx = PlanContext(step, seq_ids, context_lens, self.max_depth, st.priors, self.step_cost(step, B),
                           cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
         off = np.zeros(B, np.int64)
+        if self.max_depth == 0:  # K = 0 (--max-depth 0): nothing to draft, no decision to ask for
+            return off
         val, ok = self._call("plan", self.policy.plan, ctx)
         if self._causal:
             self._verifies(step)

@@ -84,6 +84,11 @@ SECTIONS: tuple[Section, ...] = (
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
             "(exact acceptance, requests one after another), and its propose call timed at batch 64.",
             "python -m specdepth.experiments.bench.drafters"),
+    Section("bench_hybrid", "The hybrid drafter against Arctic Inference's rule, in replay",
+            "A draft-model trace and a suffix trace of the same held-out code prompts, replayed on this "
+            "machine's cost profile: dspark and arctic-hybrid:k=1..4 choosing per sequence between the two "
+            "chains (`replay --hybrid-trace`), and single-drafter references. Exact greedy replay, one run per cell.",
+            "python -m specdepth.experiments.bench.hybrid"),
     Section("bench_controller", "Controller decision time",
             "dspark's own time per step (plan, keep_drafting after each draft pass, the causal verify calls), "
             "K = 8, caches warm, on three cost models.",

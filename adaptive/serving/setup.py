@@ -38,7 +38,7 @@ class ServeOptions:
     device: str = "auto"
     threads: int = 0  # torch CPU threads per replica (0: torch's default)
     compile: str = "off"  # the replicas' passes: auto|on|off (workers/compiled.py)
-    drafter: str = DEFAULT_DRAFTER  # what drafts: model, ngram, suffix (workers/drafters/)
+    drafter: str = DEFAULT_DRAFTER  # what drafts: model, ngram, suffix, hybrid (workers/drafters/)
     ngram_min: int = 1  # the ngram drafter's suffix lengths
     ngram_max: int = 4
 

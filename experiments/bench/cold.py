@@ -38,6 +38,7 @@ SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),
     "time": re.compile(r"time: draft ([0-9.]+) s, target ([0-9.]+) s, controller ([0-9.]+) s"),
+    "cost_err": re.compile(r"cost model: whole-step time predicted within ([0-9.]+)%"),
 }
 
 
@@ -76,9 +77,10 @@ def run_generate(prompts: list[str], variant: str, batch: int, tokens: int, extr
         raise RuntimeError(f"{variant} at batch {batch} failed: {out.stderr.strip().splitlines()[-3:]}")
     tps, steps = SUMMARY["tps"].search(out.stderr).groups()
     draft_s, target_s, control_s = SUMMARY["time"].search(out.stderr).groups()
+    err = SUMMARY["cost_err"].search(out.stderr)
     return {"tps": float(tps), "steps": int(steps), "acc": float(SUMMARY["acc"].search(out.stderr).group(1)),
             "draft_s": float(draft_s), "target_s": float(target_s), "control_s": float(control_s),
-            "process_s": wall,
+            "process_s": wall, "cost_err": float(err.group(1)) / 100 if err else None,
             "tokens": len(prompts) * tokens}
 
 
@@ -98,11 +100,18 @@ def summarise(runs: list[dict], variants: list[str]) -> tuple[list[dict], list[l
                          "ratio": float(np.median(ratios)) if ratios else None,
                          "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
                          "draft_share": float(np.median([r["draft_s"] / max(r["tokens"] / r["tps"], 1e-9)
-                                                         for r in mine]))})
+                                                         for r in mine])),
+                         "cost_err": _median([r.get("cost_err") for r in mine])})
     table_rows = [[r["kind"], r["batch"], r["variant"], r["tps"], r["acc"], r["ratio"],
-                   None if r["ratio"] is None else f"[{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}]", r["rounds"]]
+                   None if r["ratio"] is None else f"[{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}]",
+                   None if r["cost_err"] is None else f"{r['cost_err']:.1%}", r["rounds"]]
                   for r in rows]
     return rows, table_rows
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                 write_result(args.out, "bench_cold", {
                     "tables": [table("Cold runs: tokens/s (prefill included) and the paired ratio to off",
                                      ["prompts", "batch", "policy@drafter", "tok/s", "acc len", "x off",
-                                      "x off [min, max]", "rounds"], table_rows,
-                                     ["", "d", "", ".1f", ".2f", ".3f", "", "d"])],
+                                      "x off [min, max]", "step err", "rounds"], table_rows,
+                                     ["", "d", "", ".1f", ".2f", ".3f", "", "", "d"])],
                     "notes": [f"{args.tokens} new tokens per request; {args.prompts_at_1} prompts at batch 1, "
-                              f"B at batch B; {args.rounds} rounds; process start-up (median): "
+                              f"B at batch B; {args.rounds} rounds; step err: the cost model's median error on a "
+                              f"whole step's time, steps 50 on (generate's summary); process start-up (median): "
                               f"{np.median([r['process_s'] - r['tokens'] / r['tps'] for r in runs]):.1f} s"],
                     "summary": rows, "runs": runs}, meta)
     bar.close()

@@ -34,13 +34,14 @@ from specdepth.experiments.results_io import default_out, stamp, write_result
 from specdepth.experiments.results_io import table as table_
 from specdepth.policies.registry import make_policy
 from specdepth.workers.bundled import heldout_prompts, load_pair
+from specdepth.workers.drafters.names import DRAFTER_NAMES
 from specdepth.workers.runner import PairRunner
 
 POLICIES = ["off"] + [f"static:k={k}" for k in range(1, 9)] + ["hf-heuristic", "turbospec", "vllm-adaptive", "dspark"] \
     + [f"bare:k={k}" for k in range(3)]
 K = 8
 BARE = "bare:k="  # a static depth served with no controller (module doc)
-PASSES: dict = {"compile": "off", "buckets": None}  # the passes' path for every runner (`--compile`, set in main)
+PASSES: dict = {"compile": "off", "buckets": None, "drafter": "model"}  # every runner's passes and drafter (set in main)
 
 
 def runner(pair, n_slots: int, max_len: int | None = None) -> PairRunner:
@@ -228,10 +229,12 @@ def main() -> None:
     ap.add_argument("--solo", type=int, default=1,
                     help="solo runs of dspark per batch size, each alone on the machine (0: none; see `solo_runs`)")
     ap.add_argument("--out", default=str(default_out("bench_live")), help="stamped JSON result (results_io)")
+    ap.add_argument("--drafter", choices=DRAFTER_NAMES, default="model", help="what drafts, for every policy")
     ap.add_argument("--compile", choices=("auto", "on", "off"), default="off",
                     help="compiled passes for every policy (auto: where a start-up timing finds them faster)")
     args = ap.parse_args()
     meta = stamp()
+    PASSES["drafter"] = args.drafter
     torch.set_num_threads(args.threads)
     pair = load_pair(device=args.device)
     tok = pair.tokenizer

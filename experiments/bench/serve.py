@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
+from specdepth.workers.drafters.names import DRAFTER_NAMES
 
 MODEL = "specdepth-bundled"
 
@@ -44,7 +45,8 @@ def _summary(wall: float, tokens: int, ttft: list[float], tpot: list[float]) -> 
             "tpot_p50": _pct(tpot, 50), "tpot_p99": _pct(tpot, 99), "tokens": tokens, "wall_s": wall}
 
 
-def in_process(policy: str, cost, prompts: list[list[int]], conc: int, n_req: int, new_tokens: int) -> dict:
+def in_process(policy: str, cost, prompts: list[list[int]], conc: int, n_req: int, new_tokens: int,
+               drafter: str = "model") -> dict:
     """The closed loop on the Engine: C requests in flight, each finished one replaced at once."""
     from specdepth.adaptive.controller import Controller
     from specdepth.adaptive.engine import Engine, Request
@@ -52,7 +54,7 @@ def in_process(policy: str, cost, prompts: list[list[int]], conc: int, n_req: in
     from specdepth.workers.bundled import load_pair
     from specdepth.workers.runner import PairRunner
     pair = load_pair(device="cpu")
-    runner = PairRunner(pair.target, pair.draft, n_slots=conc, max_depth=8)
+    runner = PairRunner(pair.target, pair.draft, n_slots=conc, max_depth=8, drafter=drafter)
     eng = Engine(runner, Controller(make_policy(policy), 8, cost=cost), eos_ids=pair.tokenizer.eos_ids)
     first: dict[str, float] = {}
 
@@ -149,14 +151,14 @@ def served(port: int, prompts: list[list[int]], conc: int, n_req: int, new_token
 class Server:
     """A `specdepth serve` subprocess on a free loopback port; stopped with SIGTERM."""
 
-    def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float) -> None:
+    def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float, drafter: str = "model") -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli.main", "serve", "--policy", policy,
                                       "--cost", cost_path, "--max-batch", str(max_batch), "--port", str(self.port),
-                                      "--threads", "1", "--stream-ms", str(stream_ms)],
+                                      "--threads", "1", "--stream-ms", str(stream_ms), "--drafter", drafter],
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 180
         while "Ctrl-C or SIGTERM" not in Path(self.log.name).read_text(errors="replace"):
@@ -179,6 +181,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default max(16, 4 x C))")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--stream-ms", type=float, default=20.0, help="the server's --stream-ms")
+    ap.add_argument("--drafter", choices=DRAFTER_NAMES, default="model", help="what drafts, both paths")
     ap.add_argument("--out", default=str(default_out("bench_serve")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()
     meta = stamp(sys.argv)
@@ -198,9 +201,9 @@ def main() -> None:
     rows, floors = [], []
     try:
         for policy in args.policies:
-            base = {c: in_process(policy, cost, prompts, c, args.requests or max(16, 4 * c), args.new_tokens)
-                    for c in args.concurrency}
-            srv = Server(policy, cost_file.name, max(args.concurrency), args.stream_ms)
+            base = {c: in_process(policy, cost, prompts, c, args.requests or max(16, 4 * c), args.new_tokens,
+                                  args.drafter) for c in args.concurrency}
+            srv = Server(policy, cost_file.name, max(args.concurrency), args.stream_ms, args.drafter)
             try:
                 floors.append(transport_ms(srv.port))
                 for c in args.concurrency:

@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specdepth.adaptive.controller import Controller, check_depths
+    from specdepth.adaptive.cost.error import error_line
     from specdepth.adaptive.engine import Engine, Request
     from specdepth.policies.registry import make_policy
     from specdepth.workers.bundled import load_pair
@@ -179,11 +180,13 @@ def run(args: argparse.Namespace) -> int:
     warm = next((r.prompt_ids[-32:] for r in reqs if 0 < len(r.prompt_ids) < runner.max_len - 8), None)
     if warm is not None:
         engine.warm_up(warm)  # first calls paid before the clock starts, as a server pays them at start-up
+    engine.depth.cost_track = []  # the cost model's whole-step error, for the summary (timed apart)
     t0 = time.perf_counter()
     outs = engine.run(reqs)
     wall = time.perf_counter() - t0
     emit_outputs(args, prompts, outs, tok)
-    print_summary(engine.stats, outs, wall, f"{policy.describe()}, drafter {args.drafter}", engine.depth.fallbacks)
+    print_summary(engine.stats, outs, wall, f"{policy.describe()}, drafter {args.drafter}", engine.depth.fallbacks,
+                  error_line(engine.depth.cost_track))
     return 1 if any(o.error for o in outs) else 0
 
 
@@ -233,7 +236,7 @@ def finish_counts(outs) -> dict[str, int]:
     return counts
 
 
-def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
+def print_summary(stats, outs, wall: float, policy: str, fallbacks, cost_error: str | None = None) -> None:
     emitted = sum(len(o.output_ids) for o in outs)
     pos = np.round(stats.pos_accepted / np.maximum(stats.pos_verified, 1), 2)
     last = int(np.flatnonzero(stats.pos_verified).max(initial=-1)) + 1
@@ -250,6 +253,8 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks) -> None:
              f"time: draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s, controller "
              f"{stats.control_s:.2f} s, rest {max(wall - stats.draft_s - stats.target_s - stats.control_s, 0):.2f} s "
              "(prefill, sampling, commit, scheduling)"]
+    if cost_error:
+        lines.append(cost_error)
     if fallbacks:
         lines.append(f"policy fallbacks: {dict(fallbacks)}")
     print("\n".join(lines), file=sys.stderr)

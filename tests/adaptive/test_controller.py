@@ -485,3 +485,14 @@ def test_verify_reuses_the_last_keep_drafting_calibration_bit_for_bit(pair, work
     assert [o.output_ids for o in eng.run(reqs)] == want
     assert acc.checked == eng.stats.steps and len(set(asks)) > 5
     assert acc.calls < len(asks) + eng.stats.steps  # some verify calibrations were reused
+
+
+@pytest.mark.parametrize("spec", ["dspark", "turbospec", "vllm-adaptive", "sglang-adaptive", "specdec++"])
+def test_max_depth_0_runs_as_no_speculation_without_asking_the_policy(pair, workload, spec):
+    """K = 0 (`--max-depth 0`) leaves nothing to decide: plain decoding, no fallback, no fault
+    (dspark used to index an empty table every step)."""
+    reqs, ref = workload
+    ctl = Controller(make_policy(spec), max_depth=0)
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=0), ctl)
+    assert [o.output_ids for o in eng.run(reqs)] == ref
+    assert not ctl.fallbacks and eng.stats.pos_verified.sum() == 0
