@@ -23,6 +23,7 @@ import numpy as np
 from specdepth.adaptive.controller import Controller, StepRecord
 from specdepth.workers.drafting import KeepFn
 from specdepth.workers.runner import StepResult, VerifyFn
+from specdepth.workers.sampler import SamplingParams
 
 
 class Runner(Protocol):
@@ -33,8 +34,9 @@ class Runner(Protocol):
     vocab_size: int
     n_slots: int  # sequences held at once
 
-    def add(self, tokens: list[int], key: Any = None) -> int:
-        """Claim a slot for a sequence (prefilled); `key`: the request's `Request.key`."""
+    def add(self, tokens: list[int], key: Any = None, sampling: Optional[SamplingParams] = None) -> int:
+        """Claim a slot for a sequence (prefilled); `key`: the request's `Request.key`;
+        `sampling`: its own settings (None: the runner's)."""
 
     def remove(self, slot: int) -> None: ...
 
@@ -61,6 +63,7 @@ class Request:
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
     on_token: Optional[Callable[[str, list[int]], None]] = None  # streaming callback
     key: Any = None  # what the runner knows the request by besides its tokens (replay: its trace)
+    sampling: Optional[SamplingParams] = None  # its own temperature, top-p and seed (None: the runner's)
 
 
 @dataclass
@@ -262,9 +265,9 @@ class Engine:
             return
         add_many = getattr(self.runner, "add_many", None)
         if add_many is not None and len(batch) > 1:
-            slots = add_many([list(req.prompt_ids) for req, _, _ in batch])
+            slots = add_many([list(req.prompt_ids) for req, _, _ in batch], [req.sampling for req, _, _ in batch])
         else:
-            slots = [self.runner.add(list(req.prompt_ids), req.key) for req, _, _ in batch]
+            slots = [self.runner.add(list(req.prompt_ids), req.key, req.sampling) for req, _, _ in batch]
         for slot, (req, out, seq_id) in zip(slots, batch):
             self.running[slot] = (req, out)
             self._ids[slot] = seq_id

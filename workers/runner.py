@@ -26,6 +26,7 @@ from specdepth.workers.drafting import KeepFn
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer
 from specdepth.workers.padding import free_verify
+from specdepth.workers.row_sampling import RowParams, target_probs
 from specdepth.workers.sampler import SamplingParams, greedy_verify, probs_from_logits, rejection_sample
 
 # verify_fn(top1 (B, J), entropy (B, J), drafted (B,)) -> (B,) verify lengths d_r <= drafted_r
@@ -81,7 +82,9 @@ class PairRunner:
                               self.max_len + max_depth + 1, dt, self.device)
         self.dcache = KVCache(draft.cfg.n_layers, n_slots, draft.cfg.n_kv_heads, draft.cfg.hd,
                               self.max_len + max_depth + 1, draft.embed.weight.dtype, self.device)
-        self.sampling = sampling
+        self.sampling = sampling  # every row's, unless a sequence brought its own (`add_many`)
+        self.params: dict[int, SamplingParams] = {}  # slot -> a sequence's own sampling settings
+        self.step_rows: RowParams | None = None  # this step's rows' settings, where any has its own
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.seqs: dict[int, list[int]] = {}  # slot -> committed tokens (prompt + generated)
         # the step's passes: the models themselves, or their compiled forwards (same call, same results)
@@ -99,18 +102,22 @@ class PairRunner:
         return self.tcache.n_slots
 
     # ---- sequences --------------------------------------------------------------------------
-    def add(self, tokens: list[int], key: object = None) -> int:
+    def add(self, tokens: list[int], key: object = None, sampling: SamplingParams | None = None) -> int:
         """Claim a slot for a sequence and prefill all but its last token. Returns the slot.
         (`key`, how a step loop may name the request, is not needed here.)"""
-        return self.add_many([tokens])[0]
+        return self.add_many([tokens], [sampling])[0]
 
-    def add_many(self, seqs: list[list[int]]) -> list[int]:
-        """Claim slots for several sequences and prefill them in one ragged pass per model."""
+    def add_many(self, seqs: list[list[int]], sampling: list[SamplingParams | None] | None = None) -> list[int]:
+        """Claim slots for several sequences and prefill them in one ragged pass per model.
+        `sampling[i]`: sequence i's own settings (None: the runner's)."""
         slots = []
-        for tokens in seqs:
+        for i, tokens in enumerate(seqs):
             slot = self.tcache.allocate()
             self.seqs[slot] = list(tokens)
             slots.append(slot)
+            own = sampling[i] if sampling else None
+            if own is not None and own != self.sampling:
+                self.params[slot] = own
         todo = [(s, t[:-1]) for s, t in zip(slots, seqs) if len(t) > 1]
         if todo:
             T = max(len(t) for _, t in todo)
@@ -130,6 +137,7 @@ class PairRunner:
 
     def remove(self, slot: int) -> None:
         self.seqs.pop(slot)
+        self.params.pop(slot, None)
         self.tcache.release(slot)
         self.drafter.remove(slot)
 
@@ -150,6 +158,8 @@ class PairRunner:
         """
         B = len(slots)
         ctx_tokens = sum(len(self.seqs[s]) for s in slots)
+        self.step_rows = None if not self.params else \
+            RowParams.of([self.params.get(int(s), self.sampling) for s in slots], self.device)
         t0 = time.perf_counter()
         if getattr(self.drafter, "chooses", False):
             prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn, choose_fn, caps)
@@ -174,8 +184,13 @@ class PairRunner:
             torch.cuda.synchronize(logits.device)
         target_s = time.perf_counter() - t_fwd
         failed = self._check_finite(logits, verify + 1, "target")
-        if self.sampling.greedy:
+        rows = self.step_rows
+        if rows is not None and rows.all_greedy or rows is None and self.sampling.greedy:
             verdict = greedy_verify(tokens[:, :D], logits.argmax(-1), d_t)
+        elif rows is not None:  # each row at its own settings (workers/row_sampling.py)
+            p = target_probs(logits, rows, np.array([len(self.seqs[s]) for s in slots]))  # (B, D + 1, V)
+            q = None if qprobs is None else qprobs[:, :D]
+            verdict = rejection_sample(tokens[:, :D], q, p, d_t, self.gen)
         else:
             p = probs_from_logits(logits, self.sampling)  # (B, D + 1, V)
             q = None if qprobs is None else qprobs[:, :D]

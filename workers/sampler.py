@@ -29,12 +29,15 @@ import torch
 class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0  # nucleus mass kept; 1.0 keeps all
+    seed: int | None = None  # a request's own seed: its sampled output repeats (workers/row_sampling.py)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0 or self.temperature != self.temperature:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 63):
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

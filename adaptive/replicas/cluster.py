@@ -78,7 +78,7 @@ class _Seq:
     def rest(self) -> Request:
         """The request from its committed tokens on: what a replica continues."""
         return Request(self.req.request_id, self.committed, self.req.max_new_tokens - len(self.out.output_ids),
-                       self.req.ignore_eos)
+                       self.req.ignore_eos, sampling=self.req.sampling)  # a seed's noise is keyed by absolute position: it resumes
 
 
 @dataclass

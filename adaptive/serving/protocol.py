@@ -37,7 +37,7 @@ class ServerLimits:
     model_name: str
     max_len: int  # context limit in tokens (prompt + completion)
     vocab_size: int
-    sampling: SamplingParams = SamplingParams()  # the replicas' sampling: per server, not per request
+    sampling: SamplingParams = SamplingParams()  # the server's defaults; each request may set its own
 
 
 @dataclass
@@ -49,6 +49,7 @@ class CompletionParams:
     stream: bool = False
     stop: list[str] = field(default_factory=list)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
+    sampling: Optional[SamplingParams] = None  # this request's temperature, top_p and seed (None: the server's)
 
 
 def _number(body: dict, name: str, default: Any, kind: type) -> Any:
@@ -61,11 +62,13 @@ def _number(body: dict, name: str, default: Any, kind: type) -> Any:
     return v
 
 
-def check_sampling(body: dict, limits: ServerLimits) -> None:
-    """temperature, top_p and seed: in range, and equal to what the server's replicas do.
+def check_sampling(body: dict, limits: ServerLimits) -> SamplingParams:
+    """The request's temperature, top_p and seed, each defaulting to the server's (`specdepth
+    serve --temperature --top-p`); the replicas serve rows of different settings in one batch
+    (workers/row_sampling.py). A seed makes a sampled completion repeat.
 
-    Sampling is configured per replica (`ReplicaConfig.sampling`); a request asking for other
-    values gets a 400 naming the parameter rather than being silently served otherwise.
+    Raises:
+        ApiError: a value out of range, naming it.
     """
     sp = limits.sampling
     t = _number(body, "temperature", None, float)
@@ -75,15 +78,9 @@ def check_sampling(body: dict, limits: ServerLimits) -> None:
     if p is not None and not 0 < p <= 1:
         raise ApiError(f"'top_p' must be in (0, 1], got {p}", "top_p")
     seed = _number(body, "seed", None, int)
-    if t is not None and t != sp.temperature:
-        raise ApiError(f"this server samples at temperature {sp.temperature} for every request (set when "
-                       f"it starts: specdepth serve --temperature); got {t}", "temperature")
-    if p is not None and p != sp.top_p and not sp.greedy:
-        raise ApiError(f"this server samples with top_p {sp.top_p} for every request (specdepth serve "
-                       f"--top-p); got {p}", "top_p")
-    if seed is not None and not sp.greedy:
-        raise ApiError("per-request seeds are not supported: the replicas' sampling RNGs are seeded when "
-                       "the server starts (specdepth serve --seed)", "seed")
+    if seed is not None and not 0 <= seed < 1 << 63:
+        raise ApiError(f"'seed' must be in [0, 2^63), got {seed}", "seed")
+    return SamplingParams(sp.temperature if t is None else float(t), sp.top_p if p is None else float(p), seed)
 
 
 def prompt_ids(body: dict, tokenizer: Any, limits: ServerLimits) -> list[list[int]]:
@@ -134,7 +131,7 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
     if model != limits.model_name:
         raise ApiError(f"the model {model!r} does not exist; this server serves {limits.model_name!r}",
                        "model", code="model_not_found")
-    check_sampling(body, limits)
+    sampling = check_sampling(body, limits)
     for name, default in (("n", 1), ("best_of", 1)):
         if _number(body, name, default, int) != default:
             raise ApiError(f"'{name}' other than 1 is not supported", name)
@@ -162,7 +159,7 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise ApiError("'stream_options' must be an object", "stream_options")
-    return CompletionParams(ids, int(max_tokens), stream, stops, bool(opts.get("include_usage")))
+    return CompletionParams(ids, int(max_tokens), stream, stops, bool(opts.get("include_usage")), sampling)
 
 
 class TextStream:

@@ -53,7 +53,8 @@ class Job:
         router, ids = self.server.router, self.ids
         for i, prompt in enumerate(self.params.prompts):
             req = Request(ids[i], prompt, self.params.max_tokens,
-                          on_token=lambda rid, toks, i=i: self._put((i, "tokens", list(toks))))
+                          on_token=lambda rid, toks, i=i: self._put((i, "tokens", list(toks))),
+                          sampling=self.params.sampling)
             try:
                 router.submit(req, lambda out, i=i: self._put((i, "done", out)))
             except RuntimeError as e:

@@ -27,7 +27,7 @@ import numpy as np
 
 from specdepth.experiments.cli.argtypes import existing_file, float_range, int_range, output_file, positive_int
 from specdepth.experiments.cli import spec_types
-from specdepth.experiments.cli.prompts import read_prompts as read_prompts_file
+from specdepth.experiments.cli.prompts import read_prompts as read_prompts_file, read_sampling
 from specdepth.workers.drafters.names import DEFAULT_DRAFTER, DRAFTER_NAMES
 
 MAX_DEPTH_LIMIT = 64  # --max-depth's upper bound: far past any useful draft, small enough to allocate
@@ -117,6 +117,15 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     return read_prompts_file(args.prompts)
 
 
+def prompt_sampling(args: argparse.Namespace, default) -> list:
+    """Per prompt, its own `SamplingParams` where its JSON lines record sets temperature, top_p or
+    seed (the flags fill in the rest), else None: the run's flags."""
+    from specdepth.workers.sampler import SamplingParams
+    own = read_sampling(args.prompts) if args.prompt is None else [{}]
+    return [SamplingParams(o.get("temperature", default.temperature), o.get("top_p", default.top_p), o.get("seed"))
+            if o else None for o in own]
+
+
 def build_cost(spec: str, pair, device: str, runner=None):
     """The cost model: a spec, or `auto` = this machine's profile of this pair (cached), taken on
     the runner's passes (compiled or eager: the path is part of the cache key)."""
@@ -176,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
     print(runner.compile_summary, file=sys.stderr)
     cost = build_cost(args.cost, pair, device, runner)
     engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
-    reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
+    own = prompt_sampling(args, sampling)
+    reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos, sampling=own[i])
+            for i, p in enumerate(prompts)]
     warm = next((r.prompt_ids[-32:] for r in reqs if 0 < len(r.prompt_ids) < runner.max_len - 8), None)
     if warm is not None:
         engine.warm_up(warm)  # first calls paid before the clock starts, as a server pays them at start-up
@@ -298,7 +309,9 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
             else:
                 cost = cc.profiled_cost()
             cc.set_cost(cost)
-            reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos) for i, p in enumerate(prompts)]
+            own = prompt_sampling(args, sampling)
+            reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos, sampling=own[i])
+                    for i, p in enumerate(prompts)]
             t0 = time.perf_counter()
             outs = cc.run(reqs)
             wall = time.perf_counter() - t0

@@ -91,3 +91,39 @@ def _json_kind(value: object) -> str:
     if isinstance(value, (int, float)):
         return "number"
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "seed")  # a JSON lines record's own sampling settings
+
+
+def read_sampling(path: str | Path) -> list[dict]:
+    """Per prompt of `path` (as `read_prompts` reads it), the sampling settings its JSON lines
+    record sets of `SAMPLING_KEYS` (an empty dict: none, and for every prompt of a plain text file).
+
+    Raises:
+        ValueError: `file:line: reason` for a setting of the wrong type or out of range.
+    """
+    path = Path(path)
+    lines = path.read_bytes().removeprefix(_BOM).decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line.removesuffix("\r") for line in lines]
+    if not is_json_lines(path, lines):
+        return [{} for _ in lines]
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        own = {k: rec[k] for k in SAMPLING_KEYS if rec.get(k) is not None}
+        for k, v in own.items():
+            kind = int if k == "seed" else (int, float)
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise ValueError(f"{path}:{n}: \"{k}\" must be {'an integer' if k == 'seed' else 'a number'}, "
+                                 f"got a JSON {_json_kind(v)}")
+        if own.get("temperature", 0) < 0 or not 0 < own.get("top_p", 1) <= 1 \
+                or not 0 <= own.get("seed", 0) < 1 << 63:
+            raise ValueError(f"{path}:{n}: need temperature >= 0, 0 < top_p <= 1 and 0 <= seed < 2^63; got "
+                             + ", ".join(f"{k} {v}" for k, v in own.items()))
+        out.append(own)
+    return out

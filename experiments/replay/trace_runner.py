@@ -83,7 +83,8 @@ class TraceRunner:
         return self.now
 
     # ---- the Runner protocol ---------------------------------------------------------------
-    def add(self, tokens: list[int], key: Any = None) -> int:
+    def add(self, tokens: list[int], key: Any = None, sampling: Any = None) -> int:
+        """A slot for request `key`; `sampling` is the trace's (replay draws acceptance from it)."""
         slot = int(np.flatnonzero(self.free)[0])  # the lowest free slot
         self.free[slot], self.req[slot], self.pos[slot] = False, int(key), 0
         return slot

@@ -13,6 +13,7 @@ import torch
 
 from specdepth.workers.drafters.base import Proposal
 from specdepth.workers.drafting import KeepFn, draft_loop
+from specdepth.workers.row_sampling import keyed_choice, tempered
 from specdepth.workers.sampler import confidence_features, probs_from_logits, sample
 
 
@@ -55,7 +56,9 @@ class ModelDrafter:
         r = self.runner
         B, K = len(slots), int(budgets.max(initial=0))
         tokens = torch.zeros((B, max(K, 1)), dtype=torch.long, device=r.device)  # (B, J)
-        qprobs = None if r.sampling.greedy else torch.zeros((B, max(K, 1), r.vocab_size), device=r.device)
+        rp = r.step_rows  # each row's own sampling, where any has its own (workers/row_sampling.py)
+        greedy = r.sampling.greedy if rp is None else rp.all_greedy
+        qprobs = None if greedy else torch.zeros((B, max(K, 1), r.vocab_size), device=r.device)
 
         def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if j == 0:  # catch up: everything committed that the draft cache lacks
@@ -76,8 +79,10 @@ class ModelDrafter:
                 ok[list(bad)] = False  # a draft that cannot be trusted drafts nothing more; verification stays exact
                 last = torch.nan_to_num(last)
             p1, h, top = confidence_features(last, with_argmax=True)
-            if r.sampling.greedy:
+            if greedy:
                 tokens[rows, j] = top  # the argmax: greedy drafting needs no probabilities
+            elif rp is not None:
+                tokens[rows, j] = self._per_row(last, top, rp.rows(rows), qprobs, rows, j, seqs, slots)
             else:
                 q = probs_from_logits(last, r.sampling)  # (b, V_shared)
                 tokens[rows, j] = sample(q, r.gen)
@@ -85,3 +90,22 @@ class ModelDrafter:
             return p1.cpu().numpy(), h.cpu().numpy(), ok
 
         return Proposal(tokens, qprobs, draft_loop(budgets, draft_pass, keep_fn))
+
+    def _per_row(self, last: torch.Tensor, top: torch.Tensor, rp, qprobs: torch.Tensor, rows: np.ndarray,
+                 j: int, seqs: dict[int, list[int]], slots: np.ndarray) -> torch.Tensor:
+        """(b,) draft tokens at position j for rows at their own settings: greedy rows the argmax,
+        seeded rows the Gumbel-max token on their keyed noise (both one-hot q), the others drawn
+        from q at their settings (q kept for the rejection sampler)."""
+        r = self.runner
+        q = tempered(last, rp)  # (b, V_shared)
+        tok = top.clone()
+        drawn = np.flatnonzero(rp.drawn)
+        if drawn.size:
+            tok[drawn] = sample(q[drawn], r.gen)
+        for i in np.flatnonzero(rp.keyed).tolist():
+            tok[i] = keyed_choice(q[i:i + 1], rp.seeds[i], len(seqs[int(slots[rows[i]])]) + j)[0]
+        qprobs[rows, j, :r.shared_vocab] = q
+        fixed = np.flatnonzero(~rp.drawn)
+        if fixed.size:  # greedy and seeded rows: a deterministic proposal, q one-hot
+            qprobs[rows[fixed], j] = torch.nn.functional.one_hot(tok[fixed], qprobs.shape[-1]).to(qprobs.dtype)
+        return tok

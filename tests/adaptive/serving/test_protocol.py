@@ -60,7 +60,10 @@ def test_stop_string_across_rounds_cuts_the_text():
     ({"model": "m", "prompt": ""}, "prompt"),
     ({"model": "m", "prompt": "x", "stop": ["a"] * 5}, "stop"),
     ({"model": "m", "prompt": "x", "max_tokens": 1.5}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "seed": 3, "temperature": 0.5}, "temperature"),
+    ({"model": "m", "prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
+    ({"model": "m", "prompt": "x", "seed": -1}, "seed"),
+    ({"model": "m", "prompt": "x", "seed": 1.5}, "seed"),
     ({"prompt": "x"}, "model"),
 ])
 def test_bad_requests_name_their_parameter(body, param):
@@ -70,16 +73,15 @@ def test_bad_requests_name_their_parameter(body, param):
     assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_sampling_must_match_the_servers():
+def test_each_request_brings_its_own_sampling_the_servers_as_defaults():
     sampled = ServerLimits("m", 64, 256, SamplingParams(0.8, 0.9))
-    ok = parse_completion({"model": "m", "prompt": ["ab", "c"], "temperature": 0.8, "top_p": 0.9}, ByteTok(), sampled)
-    assert ok.prompts == [[97, 98], [99]] and ok.max_tokens == 16
-    for extra, param in (({"top_p": 0.5}, "top_p"), ({"seed": 1}, "seed"), ({"temperature": 0}, "temperature")):
-        with pytest.raises(ApiError) as e:
-            parse_completion({"model": "m", "prompt": "x", **extra}, ByteTok(), sampled)
-        assert e.value.param == param
-    greedy = parse_completion({"model": "m", "prompt": "x", "seed": 7, "top_p": 0.3}, ByteTok(), LIMITS)
-    assert greedy.prompts == [[120]]  # at temperature 0 a seed or a top_p changes nothing: accepted
+    ok = parse_completion({"model": "m", "prompt": ["ab", "c"]}, ByteTok(), sampled)
+    assert ok.prompts == [[97, 98], [99]] and ok.max_tokens == 16 and ok.sampling == SamplingParams(0.8, 0.9)
+    for extra, want in (({"top_p": 0.5}, SamplingParams(0.8, 0.5)), ({"seed": 1}, SamplingParams(0.8, 0.9, 1)),
+                        ({"temperature": 0}, SamplingParams(0.0, 0.9))):
+        assert parse_completion({"model": "m", "prompt": "x", **extra}, ByteTok(), sampled).sampling == want
+    greedy = parse_completion({"model": "m", "prompt": "x", "temperature": 0.7, "seed": 7}, ByteTok(), LIMITS)
+    assert greedy.sampling == SamplingParams(0.7, 1.0, 7)
 
 
 def test_chat_template_renders_and_is_none_without_one(tmp_path):

@@ -157,6 +157,33 @@ def test_completion_equals_generate(server, tok):
         (n_prompt, len(ref[p]), n_prompt + len(ref[p]))
 
 
+def test_greedy_sampled_and_seeded_requests_share_the_batch(server, tok):
+    """Concurrent requests at their own settings: greedy ones equal generate's text, a seeded
+    one repeats its text (whatever shares its batch, on whichever replica), T=0.7 ones sample."""
+    from concurrent.futures import ThreadPoolExecutor
+    base, _, ref = server
+    client = _client(base)
+
+    def ask(kind: str, p: str) -> str:
+        extra = {"greedy": {"temperature": 0}, "hot": {"temperature": 0.7},
+                 "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 1234}}[kind]
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=N, **extra).choices[0].text
+
+    texts = []
+    for mix in (["greedy", "hot", "seeded", "greedy", "hot"], ["seeded", "hot", "hot", "greedy", "hot", "hot"]):
+        with ThreadPoolExecutor(len(mix)) as pool:
+            got = list(pool.map(ask, mix, [PROMPTS[i % 2] for i in range(len(mix))]))
+        for kind, p, text in zip(mix, [PROMPTS[i % 2] for i in range(len(mix))], got):
+            if kind == "greedy":
+                assert text == _expect(tok, ref, p, N)
+            assert text, kind
+        texts.append(got[mix.index("seeded")])  # at an even index: on PROMPTS[0]
+    seeded = [ask("seeded", PROMPTS[0]) for _ in range(2)]
+    assert seeded[0] == seeded[1] == texts[0] == texts[1]
+    hot = {ask("hot", PROMPTS[0]) for _ in range(3)}
+    assert len(hot) > 1 or hot != {_expect(tok, ref, PROMPTS[0], N)}  # unseeded sampling varies
+
+
 def test_streamed_completion_equals_generate(server, tok):
     base, _, ref = server
     p = PROMPTS[1]
@@ -183,7 +210,7 @@ BAD = [  # (body, status, param)
     ({"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"model": MODEL, "prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
     ({"model": MODEL, "prompt": "x", "temperature": -1}, 400, "temperature"),
-    ({"model": MODEL, "prompt": "x", "temperature": 0.7}, 400, "temperature"),  # the server is greedy
+    ({"model": MODEL, "prompt": "x", "seed": -3}, 400, "seed"),
     ({"model": MODEL, "prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"model": MODEL, "prompt": "x", "top_p": 1.5}, 400, "top_p"),
     ({"model": "gpt-4", "prompt": "x"}, 400, "model"),
@@ -193,7 +220,7 @@ BAD = [  # (body, status, param)
 
 
 @pytest.mark.parametrize("body,status,param", BAD, ids=["json", "no-prompt", "max-tokens-0", "max-tokens-ctx",
-                                                       "temp-neg", "temp-other", "top-p-0", "top-p-big",
+                                                       "temp-neg", "seed-neg", "top-p-0", "top-p-big",
                                                        "model", "prompt-ctx", "overload"])
 def test_bad_input(server, body, status, param):
     base, _, _ = server

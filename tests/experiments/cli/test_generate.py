@@ -185,3 +185,21 @@ def _two_prompts(tmp_path):
     path = tmp_path / "two.txt"
     path.write_text("def f(x):\nclass A:\n")
     return path
+
+
+def test_json_lines_records_bring_their_own_sampling(tmp_path, capsys):
+    """A seeded record repeats its output beside others in one batch; a record without settings
+    runs at the flags (greedy: generate's plain output); a bad setting is named by file and line."""
+    src = tmp_path / "p.jsonl"
+    seeded = {"prompt": "def add(a, b):", "temperature": 0.9, "top_p": 0.95, "seed": 7}
+    src.write_text("\n".join(json.dumps(r) for r in [seeded, {"prompt": "def add(a, b):"}, seeded,
+                                                     {"prompt": "def add(a, b):", "temperature": 1.0}]) + "\n")
+    flags = ["--cost", "fixed:target_ms=10,draft_ms=1", "--max-new-tokens", "16", "--device", "cpu", "--json"]
+    rc, out, _ = generate(capsys, "--prompts", str(src), *flags)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and rows[0]["token_ids"] == rows[2]["token_ids"]
+    rc, out, _ = generate(capsys, "--prompt", "def add(a, b):", *flags)
+    assert rows[1]["token_ids"] == json.loads(out)["token_ids"] != rows[0]["token_ids"]
+    src.write_text('{"prompt": "x"}\n{"prompt": "x", "top_p": 0}\n')
+    rc, _, err = generate(capsys, "--prompts", str(src), *flags)
+    assert rc != 0 and f"{src}:2: need temperature >= 0, 0 < top_p <= 1" in err
