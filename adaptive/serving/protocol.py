@@ -117,8 +117,8 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
                      prompts: Optional[list[list[int]]] = None) -> CompletionParams:
     """Check a /v1/completions body (or a chat body, whose rendered `prompts` are given).
 
-    `max_tokens` defaults to 16 for completions (as OpenAI's) and, for chat, to the rest of the
-    context.
+    `max_tokens` defaults to the rest of the context (the longest prompt's). `user` is accepted
+    and ignored; a parameter that would change the output and is not supported gets a 400.
 
     Raises:
         ApiError: naming the offending parameter.
@@ -140,10 +140,15 @@ def parse_completion(body: Any, tokenizer: Any, limits: ServerLimits,
             raise ApiError(f"'{name}' is not supported", name)
     if body.get("echo"):
         raise ApiError("'echo' is not supported", "echo")
+    for name in ("presence_penalty", "frequency_penalty"):  # 0 is no penalty: what every request gets
+        if _number(body, name, 0, float) != 0:
+            raise ApiError(f"'{name}' other than 0 is not supported", name)
+    if body.get("logit_bias"):
+        raise ApiError("'logit_bias' is not supported", "logit_bias")
     ids = prompts if prompts is not None else prompt_ids(body, tokenizer, limits)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     longest = max(len(x) for x in ids)
-    max_tokens = _number(body, name, 16 if prompts is None else limits.max_len - longest, int)
+    max_tokens = _number(body, name, limits.max_len - longest, int)
     if max_tokens <= 0:
         raise ApiError(f"'{name}' must be >= 1, got {max_tokens}", name)
     if longest + max_tokens > limits.max_len:

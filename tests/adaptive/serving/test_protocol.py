@@ -64,6 +64,10 @@ def test_stop_string_across_rounds_cuts_the_text():
     ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
     ({"model": "m", "prompt": "x", "seed": -1}, "seed"),
     ({"model": "m", "prompt": "x", "seed": 1.5}, "seed"),
+    ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "m", "prompt": "x", "frequency_penalty": -1}, "frequency_penalty"),
+    ({"model": "m", "prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs"),
     ({"prompt": "x"}, "model"),
 ])
 def test_bad_requests_name_their_parameter(body, param):
@@ -76,7 +80,7 @@ def test_bad_requests_name_their_parameter(body, param):
 def test_each_request_brings_its_own_sampling_the_servers_as_defaults():
     sampled = ServerLimits("m", 64, 256, SamplingParams(0.8, 0.9))
     ok = parse_completion({"model": "m", "prompt": ["ab", "c"]}, ByteTok(), sampled)
-    assert ok.prompts == [[97, 98], [99]] and ok.max_tokens == 16 and ok.sampling == SamplingParams(0.8, 0.9)
+    assert ok.prompts == [[97, 98], [99]] and ok.max_tokens == 62 and ok.sampling == SamplingParams(0.8, 0.9)
     for extra, want in (({"top_p": 0.5}, SamplingParams(0.8, 0.5)), ({"seed": 1}, SamplingParams(0.8, 0.9, 1)),
                         ({"temperature": 0}, SamplingParams(0.0, 0.9))):
         assert parse_completion({"model": "m", "prompt": "x", **extra}, ByteTok(), sampled).sampling == want
@@ -197,7 +201,15 @@ def test_router_cancel_and_cluster_failure():
     router.stop()
 
 
-def test_max_tokens_defaults_to_16_and_for_chat_to_the_rest_of_the_context():
-    assert parse_completion({"model": "m", "prompt": "abc"}, ByteTok(), LIMITS).max_tokens == 16
+def test_what_clients_send_by_default_is_accepted():
+    body = {"model": "m", "prompt": "x", "user": "u-1", "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logit_bias": {}, "echo": False, "n": 1, "logprobs": None, "stream_options": {"include_usage": True}}
+    got = parse_completion(body, ByteTok(), LIMITS)
+    assert got.prompts == [[120]] and got.include_usage
+
+
+def test_max_tokens_defaults_to_the_rest_of_the_context():
+    assert parse_completion({"model": "m", "prompt": "abc"}, ByteTok(), LIMITS).max_tokens == LIMITS.max_len - 3
+    assert parse_completion({"model": "m", "prompt": ["abc", "a"]}, ByteTok(), LIMITS).max_tokens == LIMITS.max_len - 3
     chat = parse_completion({"model": "m", "messages": []}, ByteTok(), LIMITS, prompts=[[1, 2, 3]])
     assert chat.max_tokens == LIMITS.max_len - 3

@@ -184,6 +184,18 @@ def test_greedy_sampled_and_seeded_requests_share_the_batch(server, tok):
     assert len(hot) > 1 or hot != {_expect(tok, ref, PROMPTS[0], N)}  # unseeded sampling varies
 
 
+def test_stream_include_usage_and_what_clients_send_by_default(server, tok):
+    base, _, ref = server
+    p = PROMPTS[3]
+    chunks = list(_client(base).completions.create(
+        model=MODEL, prompt=p, max_tokens=N, stream=True, stream_options={"include_usage": True}, user="u-1",
+        presence_penalty=0, frequency_penalty=0, n=1, echo=False))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == _expect(tok, ref, p, N)
+    assert chunks[-1].usage.completion_tokens == N and not chunks[-1].choices
+    code, _, err = _post(base, "/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 1})
+    assert code == 400 and err["error"]["param"] == "presence_penalty"
+
+
 def test_streamed_completion_equals_generate(server, tok):
     base, _, ref = server
     p = PROMPTS[1]
