@@ -80,6 +80,12 @@ SECTIONS: tuple[Section, ...] = (
             "once per round and cell in a shuffled order; ratios to `off` paired within a round (median, "
             "[lowest, highest] over rounds).",
             "python -m specdepth.experiments.bench.cold"),
+    Section("bench_cold_hybrid", "Cold runs: the suffix drafter and the hybrid, with the cost model's error",
+            "As above, for the suffix drafter and the hybrid against Arctic Inference's rule; every variant run "
+            "once untimed first. 'step err': the cost model's median error on a whole step's wall time (steps 50 "
+            "on; at batch 16 and 64 the runs are short, so these are the tail's steps, where the batch shrinks).",
+            "python -m specdepth.experiments.bench.cold --variant dspark@suffix --variant static:k=8@suffix "
+            "--variant dspark@hybrid --variant arctic-hybrid@hybrid --out experiments/results/bench_cold_hybrid.json"),
     Section("bench_drafters", "Model-free drafters on the target's own outputs",
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
             "(exact acceptance, requests one after another), and its propose call timed at batch 64.",
