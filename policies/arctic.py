@@ -14,24 +14,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from specdepth.policies.base import ChooseContext, DepthPolicy, PlanContext
-from specdepth.policies.static import _check_depth, uniform_budgets
+from specdepth.policies.base import ChooseContext
+from specdepth.policies.static import Static
 
 
-class ArcticHybrid(DepthPolicy):
+class ArcticHybrid(Static):
     """Per sequence: the suffix draft when its score is >= k, else the draft model at k (Arctic Inference)."""
 
     name: ClassVar[str] = "arctic-hybrid"
     params: ClassVar[dict[str, object]] = {"k": 3}
-
-    def __init__(self, k: int = 3) -> None:
-        self.k = _check_depth(self.name, "k", k)
-
-    def depths_asked(self) -> tuple[int, ...]:
-        return (self.k,)
-
-    def plan(self, ctx: PlanContext) -> np.ndarray:
-        return uniform_budgets(ctx, self.k)  # (B,) the draft model's k
 
     def choose_drafter(self, ctx: ChooseContext) -> np.ndarray:
         score = np.cumprod(np.asarray(ctx.top1, np.float64), axis=1).sum(1)  # (B,) expected accepted tokens

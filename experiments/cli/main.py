@@ -18,7 +18,7 @@ import os
 import sys
 import zlib
 
-SUBCOMMANDS = ("generate", "policies", "profile", "record", "synth", "replay", "tune", "serve")
+SUBCOMMANDS = ("generate", "policies", "profile", "record", "synth", "replay", "tune", "serve", "export")
 DEBUG_HINT = "(run with --debug for the traceback)"
 # OSErrors that mean the input named something that is not there or not usable, as opposed to
 # the system failing under a good input (disk full, I/O error, out of memory: exit 1)

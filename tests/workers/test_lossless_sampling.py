@@ -25,8 +25,7 @@ from specdepth.workers.sampler import SamplingParams, probs_from_logits
 
 V, N_SAMPLES, LATER = 8, 20_000, 3  # LATER: the 3rd generated token
 # per drafter: the n-gram drafter needs a suffix that occurred before (1 -> 4 or 5) to draft at once
-PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1], "suffix": [3, 1, 4, 1, 5, 1], "hybrid": [3, 1, 4, 1, 5, 1],
-           "zero-q-hybrid": [3, 1, 4, 1, 5, 1]}
+PROMPTS = {"model": [3, 1, 4], "ngram": [3, 1, 4, 1, 5, 1], "suffix": [3, 1, 4, 1, 5, 1], "hybrid": [3, 1, 4, 1, 5, 1]}
 PROMPT = PROMPTS["model"]
 
 
@@ -125,6 +124,11 @@ def p_values(samples: np.ndarray, first: np.ndarray, later: np.ndarray) -> tuple
     return res[0], res[1]
 
 
+def skip_compiled_hybrid(compile: str, drafter: str) -> None:
+    if compile == "on" and drafter == "hybrid":  # ~1 min of CI time for no new code path
+        pytest.skip("the hybrid's passes are the draft model's and the target's, run compiled by the model cases")
+
+
 @pytest.fixture(scope="module")
 def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
@@ -134,6 +138,7 @@ def pair():
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.8, top_p=0.9)], ids=["t1", "t0.8-p0.9"])
 def test_speculative_sampling_matches_target(pair, sp, compile, drafter):
+    skip_compiled_hybrid(compile, drafter)
     target, draft = pair
     first, later = exact_marginals(target, sp, PROMPTS[drafter])
     samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=11, compile=compile,
@@ -154,16 +159,19 @@ def test_negative_control_leaking_rule_is_caught(pair, compile):
     assert p1 < 1e-6
 
 
+@pytest.mark.parametrize("bad", ["soft-q-ngram", "zero-q-hybrid"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
-def test_negative_control_soft_q_for_a_deterministic_draft_is_caught(pair, compile):
+def test_negative_control_a_wrong_q_for_a_deterministic_draft_is_caught(pair, compile, bad):
+    """SoftQNgram reports q(x) = 0.5 for its deterministic proposal; ZeroQHybrid leaves its
+    model-free rows' q at 0 beside the draft model's rows: both bias the output, and are caught."""
     target, draft = pair
     sp = SamplingParams(1.0)
     prompt = PROMPTS["ngram"]
     first, later = exact_marginals(target, sp, prompt)
     samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=12, compile=compile,
-                                  drafter=SoftQNgram(), prompt=prompt)
+                                  drafter=SoftQNgram() if bad == "soft-q-ngram" else bad, prompt=prompt)
     p1, _ = p_values(samples, first, later)
-    print(f"\nsoft q: p(first) = {p1:.3g}")
+    print(f"\n{bad}: p(first) = {p1:.3g}")
     assert p1 < 1e-6
 
 
@@ -171,6 +179,7 @@ def test_negative_control_soft_q_for_a_deterministic_draft_is_caught(pair, compi
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 @pytest.mark.parametrize("spec", ["dspark", "random"])
 def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
+    skip_compiled_hybrid(compile, drafter)
     from specdepth.adaptive.controller import Controller
     from specdepth.adaptive.cost.model import FixedCost
     from specdepth.policies.registry import make_policy
@@ -190,16 +199,3 @@ def test_adaptive_policies_keep_sampling_lossless(pair, spec, compile, drafter):
     p1, p3 = p_values(samples, first, later)
     print(f"\n{spec}: p(first) = {p1:.3g}, p(position {LATER}) = {p3:.3g}")
     assert p1 >= 0.01 and p3 >= 0.01 and speculative_samples.accepted > 0
-
-
-@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
-def test_negative_control_hybrid_without_one_hot_q_for_its_free_rows_is_caught(pair, compile):
-    target, draft = pair
-    sp = SamplingParams(1.0)
-    prompt = PROMPTS["hybrid"]
-    first, later = exact_marginals(target, sp, prompt)
-    samples = speculative_samples(target, draft, sp, depth=3, leak=False, seed=12, compile=compile,
-                                  drafter="zero-q-hybrid", prompt=prompt)
-    p1, _ = p_values(samples, first, later)
-    print(f"\nzero q on the free rows: p(first) = {p1:.3g}")
-    assert p1 < 1e-6

@@ -12,7 +12,7 @@ from specdepth.policies.base import ChooseContext
 from specdepth.policies.dspark_choose import best_theta, choose_free
 from specdepth.policies.registry import make_policy
 from specdepth.workers.runner import PairRunner
-from tests.adaptive.test_controller import RandomPolicy
+from tests.adaptive.test_controller import RandomPolicy, bundled  # noqa: F401 (bundled: a fixture)
 from tests.pairs import tiny_pair
 from tests.workers.test_lossless_greedy import reference_greedy
 
@@ -104,15 +104,6 @@ def test_dspark_switches_to_the_model_only_where_it_pays_for_its_passes():
     assert choose_free(free, prior, budgets, times, 1.0).tolist() == [True, True]  # dear passes: keep the free drafts
     assert choose_free(free, prior, np.array([0, 0]), times, 0.01).all()  # no model budget: nothing to switch to
     assert np.isclose(best_theta(np.array([0.5, 0.0]), 2, np.array([1.0, 2.0, 3.0]), 0.0), 2.0)
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    from specdepth.workers.bundled import heldout_prompts, load_pair
-    pair = load_pair(device="cpu")
-    prompts = [pair.tokenizer.encode(p) for p in heldout_prompts()[:4]]
-    reqs = [Request(f"h{i}", p, 24, ignore_eos=True) for i, p in enumerate(prompts)]
-    return pair, reqs, [reference_greedy(pair.target, r.prompt_ids, r.max_new_tokens) for r in reqs]
 
 
 @pytest.mark.parametrize("spec", ["dspark", "arctic-hybrid", "static:k=3"])
