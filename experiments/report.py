@@ -86,6 +86,11 @@ SECTIONS: tuple[Section, ...] = (
             "on; at batch 16 and 64 the runs are short, so these are the tail's steps, where the batch shrinks).",
             "python -m specdepth.experiments.bench.cold --variant dspark@suffix --variant static:k=8@suffix "
             "--variant dspark@hybrid --variant arctic-hybrid@hybrid --out experiments/results/bench_cold_hybrid.json"),
+    Section("bench_cold_batch1", "Cold runs at batch 1, over more rounds",
+            "As above, at batch 1 on code prompts only, ten rounds (each round other prompts): how far "
+            "dspark with the default drafter is from off, with the spread that prompt sets bring.",
+            "python -m specdepth.experiments.bench.cold --batches 1 --kinds code --rounds 10 "
+            "--variant dspark@suffix --variant static:k=8@suffix --out experiments/results/bench_cold_batch1.json"),
     Section("bench_drafters", "Model-free drafters on the target's own outputs",
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
             "(exact acceptance, requests one after another), and its propose call timed at batch 64.",

@@ -16,6 +16,11 @@ from tests.pairs import tiny_pair
 from specdepth.workers.runner import PairRunner
 
 
+def skip_compiled_hybrid(compile: str, drafter: str) -> None:
+    if compile == "on" and drafter == "hybrid":  # CI time for no new code path
+        pytest.skip("the hybrid's passes are the draft model's and the target's, run compiled by the model cases")
+
+
 def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     with torch.no_grad():
@@ -29,6 +34,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("drafter", ["model", "ngram", "suffix", "hybrid"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 def test_greedy_speculation_matches_target_only_decoding(compile, drafter):
+    skip_compiled_hybrid(compile, drafter)
     target, draft = tiny_pair(noise=0.15)
     rng = np.random.default_rng(0)
     reqs = [Request(f"r{i}", rng.integers(0, 96, int(rng.integers(1, 24))).tolist(), int(rng.integers(1, 33)))
@@ -60,6 +66,7 @@ def test_greedy_speculation_matches_target_only_decoding(compile, drafter):
 @pytest.mark.parametrize("drafter", ["model", "ngram", "suffix", "hybrid"])
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "compiled"])
 def test_off_and_static_agree_exactly(compile, drafter):
+    skip_compiled_hybrid(compile, drafter)
     target, draft = tiny_pair(noise=0.15, seed=3)
     rng = np.random.default_rng(1)
     reqs = [Request(f"r{i}", rng.integers(0, 96, int(rng.integers(1, 10))).tolist(), 20) for i in range(12)]

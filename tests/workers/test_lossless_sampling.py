@@ -22,6 +22,7 @@ from specdepth.workers.drafters.hybrid import HybridDrafter
 from specdepth.workers.drafters.ngram import NgramDrafter
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams, probs_from_logits
+from tests.workers.test_lossless_greedy import skip_compiled_hybrid
 
 V, N_SAMPLES, LATER = 8, 20_000, 3  # LATER: the 3rd generated token
 # per drafter: the n-gram drafter needs a suffix that occurred before (1 -> 4 or 5) to draft at once
@@ -124,11 +125,6 @@ def p_values(samples: np.ndarray, first: np.ndarray, later: np.ndarray) -> tuple
     return res[0], res[1]
 
 
-def skip_compiled_hybrid(compile: str, drafter: str) -> None:
-    if compile == "on" and drafter == "hybrid":  # ~1 min of CI time for no new code path
-        pytest.skip("the hybrid's passes are the draft model's and the target's, run compiled by the model cases")
-
-
 @pytest.fixture(scope="module")
 def pair():
     return tiny_pair(vocab=V, dim=32, noise=1.0, sharpen=0.5, seed=7)
@@ -164,6 +160,7 @@ def test_negative_control_leaking_rule_is_caught(pair, compile):
 def test_negative_control_a_wrong_q_for_a_deterministic_draft_is_caught(pair, compile, bad):
     """SoftQNgram reports q(x) = 0.5 for its deterministic proposal; ZeroQHybrid leaves its
     model-free rows' q at 0 beside the draft model's rows: both bias the output, and are caught."""
+    skip_compiled_hybrid(compile, "hybrid" if bad == "zero-q-hybrid" else bad)
     target, draft = pair
     sp = SamplingParams(1.0)
     prompt = PROMPTS["ngram"]
