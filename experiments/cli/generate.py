@@ -168,13 +168,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args)
     sampling = SamplingParams(args.temperature, args.top_p)
+    own = prompt_sampling(args, sampling)  # each prompt's own settings, checked before any model loads
     policy = make_policy(args.policy)
     if getattr(policy, "replay_only", False):
         raise ValueError(f"policy {policy.name!r} needs the future (true match lengths): replay only, "
                          "see `specdepth replay`")
     check_depths(policy, args.max_depth)  # before any model loads
     if args.ray or os.environ.get("RAY_ADDRESS"):
-        return _run_ray(args, prompts, sampling)
+        return _run_ray(args, prompts, sampling, own)
     pair = load_pair(args.target, args.draft, args.device)
     device = str(pair.target.device)
     tok = pair.tokenizer
@@ -185,7 +186,6 @@ def run(args: argparse.Namespace) -> int:
     print(runner.compile_summary, file=sys.stderr)
     cost = build_cost(args.cost, pair, device, runner)
     engine = Engine(runner, Controller(policy, args.max_depth, cost=cost), eos_ids=tok.eos_ids)
-    own = prompt_sampling(args, sampling)
     reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos, sampling=own[i])
             for i, p in enumerate(prompts)]
     warm = next((r.prompt_ids[-32:] for r in reqs if 0 < len(r.prompt_ids) < runner.max_len - 8), None)
@@ -271,7 +271,7 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks, cost_error: 
     print("\n".join(lines), file=sys.stderr)
 
 
-def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
+def _run_ray(args: argparse.Namespace, prompts: list[str], sampling, own: list) -> int:
     """`specdepth generate --ray`: the same run as in-process, its replicas on Ray (see cmd_generate).
 
     `--cost auto` profiles replica 0's pair once (cached like the in-process run: SPECDEPTH_CACHE
@@ -280,10 +280,10 @@ def _run_ray(args: argparse.Namespace, prompts: list[str], sampling) -> int:
     """
     results = sys.stdout  # results only; Ray prints its workers' output to sys.stdout: to stderr here
     with contextlib.redirect_stdout(sys.stderr):
-        return _run_ray_quiet(args, prompts, sampling, results)
+        return _run_ray_quiet(args, prompts, sampling, own, results)
 
 
-def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, results) -> int:
+def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, own: list, results) -> int:
     import ray
 
     from specdepth.adaptive.replicas.cluster import ClusterConfig, ClusterController
@@ -309,7 +309,6 @@ def _run_ray_quiet(args: argparse.Namespace, prompts: list[str], sampling, resul
             else:
                 cost = cc.profiled_cost()
             cc.set_cost(cost)
-            own = prompt_sampling(args, sampling)
             reqs = [Request(f"{i}", tok.encode(p), args.max_new_tokens, args.ignore_eos, sampling=own[i])
                     for i, p in enumerate(prompts)]
             t0 = time.perf_counter()

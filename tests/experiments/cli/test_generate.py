@@ -203,3 +203,4 @@ def test_json_lines_records_bring_their_own_sampling(tmp_path, capsys):
     src.write_text('{"prompt": "x"}\n{"prompt": "x", "top_p": 0}\n')
     rc, _, err = generate(capsys, "--prompts", str(src), *flags)
     assert rc != 0 and f"{src}:2: need temperature >= 0, 0 < top_p <= 1" in err
+    assert "compiled passes" not in err  # refused before any model loads
