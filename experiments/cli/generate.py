@@ -27,7 +27,7 @@ import numpy as np
 
 from specdepth.experiments.cli.argtypes import existing_file, float_range, int_range, output_file, positive_int
 from specdepth.experiments.cli import spec_types
-from specdepth.experiments.cli.prompts import read_prompts as read_prompts_file, read_sampling
+from specdepth.experiments.cli.prompts import read_records, sampling_settings
 from specdepth.workers.drafters.names import DEFAULT_DRAFTER, DRAFTER_NAMES
 
 MAX_DEPTH_LIMIT = 64  # --max-depth's upper bound: far past any useful draft, small enough to allocate
@@ -110,20 +110,18 @@ def check_args(args: argparse.Namespace) -> None:
         parse_cost(args.cost)
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
-    """--prompt as given, or --prompts read by `experiments.cli.prompts.read_prompts`."""
-    if args.prompt is not None:
-        return [args.prompt]
-    return read_prompts_file(args.prompts)
-
-
-def prompt_sampling(args: argparse.Namespace, default) -> list:
-    """Per prompt, its own `SamplingParams` where its JSON lines record sets temperature, top_p or
-    seed (the flags fill in the rest), else None: the run's flags."""
+def read_prompts(args: argparse.Namespace, default) -> tuple[list[str], list]:
+    """--prompt as given, or --prompts read by `experiments.cli.prompts.read_records`; and per
+    prompt its own `SamplingParams` where its JSON lines record sets temperature, top_p or seed
+    (`default`, the flags', fills in the rest), else None: the run's flags."""
     from specdepth.workers.sampler import SamplingParams
-    own = read_sampling(args.prompts) if args.prompt is None else [{}]
-    return [SamplingParams(o.get("temperature", default.temperature), o.get("top_p", default.top_p), o.get("seed"))
-            if o else None for o in own]
+    if args.prompt is not None:
+        return [args.prompt], [None]
+    records = read_records(args.prompts)
+    own = [sampling_settings(args.prompts, n, o) for n, _, o in records]
+    return [p for _, p, _ in records], [
+        SamplingParams(o.get("temperature", default.temperature), o.get("top_p", default.top_p), o.get("seed"))
+        if o else None for o in own]
 
 
 def build_cost(spec: str, pair, device: str, runner=None):
@@ -166,9 +164,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = read_prompts(args)
     sampling = SamplingParams(args.temperature, args.top_p)
-    own = prompt_sampling(args, sampling)  # each prompt's own settings, checked before any model loads
+    prompts, own = read_prompts(args, sampling)  # each prompt's own settings, checked before any model loads
     policy = make_policy(args.policy)
     if getattr(policy, "replay_only", False):
         raise ValueError(f"policy {policy.name!r} needs the future (true match lengths): replay only, "

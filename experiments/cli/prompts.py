@@ -13,10 +13,17 @@ import json
 from pathlib import Path
 
 _BOM = b"\xef\xbb\xbf"
+SAMPLING_KEYS = ("temperature", "top_p", "seed")  # a JSON lines record's own sampling settings
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """The prompts in `path`, in file order.
+    """The prompts in `path`, in file order (`read_records`' prompts)."""
+    return [prompt for _, prompt, _ in read_records(path)]
+
+
+def read_records(path: str | Path) -> list[tuple[int, str, dict]]:
+    """(line number, prompt, the record's own `SAMPLING_KEYS` as written) per prompt of `path`, in
+    file order; a plain text line has none (`sampling_settings` checks them).
 
     Raises:
         FileNotFoundError: no file at `path`.
@@ -34,11 +41,11 @@ def read_prompts(path: str | Path) -> list[str]:
     if not lines:
         raise ValueError(f"{path}: no prompts")
     if is_json_lines(path, lines):
-        prompts = [_json_prompt(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
-        if not prompts:
+        records = [(n, *_json_prompt(path, n, line)) for n, line in enumerate(lines, 1) if line.strip()]
+        if not records:
             raise ValueError(f"{path}: no prompts")
-        return prompts
-    return lines
+        return records
+    return [(n, line, {}) for n, line in enumerate(lines, 1)]
 
 
 def is_json_lines(path: Path, lines: list[str]) -> bool:
@@ -61,8 +68,9 @@ def _decode(path: Path, n: int, line: bytes) -> str:
         raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start + 1} of the line)") from None
 
 
-def _json_prompt(path: Path, n: int, line: str) -> str:
-    """The "prompt" string of JSON lines record `line` (line number `n`)."""
+def _json_prompt(path: Path, n: int, line: str) -> tuple[str, dict]:
+    """The "prompt" string of JSON lines record `line` (line number `n`), and the record's
+    `SAMPLING_KEYS` that are set."""
     where = f"{path}:{n}"
     try:
         rec = json.loads(line)
@@ -80,7 +88,7 @@ def _json_prompt(path: Path, n: int, line: str) -> str:
         prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"{where}: \"prompt\" holds an unpaired surrogate escape (not valid text)") from None
-    return prompt
+    return prompt, {k: rec[k] for k in SAMPLING_KEYS if rec.get(k) is not None}
 
 
 def _json_kind(value: object) -> str:
@@ -93,37 +101,20 @@ def _json_kind(value: object) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "seed")  # a JSON lines record's own sampling settings
 
-
-def read_sampling(path: str | Path) -> list[dict]:
-    """Per prompt of `path` (as `read_prompts` reads it), the sampling settings its JSON lines
-    record sets of `SAMPLING_KEYS` (an empty dict: none, and for every prompt of a plain text file).
+def sampling_settings(path: str | Path, n: int, own: dict) -> dict:
+    """A record's own sampling settings (`read_records`), checked.
 
     Raises:
         ValueError: `file:line: reason` for a setting of the wrong type or out of range.
     """
-    path = Path(path)
-    lines = path.read_bytes().removeprefix(_BOM).decode("utf-8", errors="replace").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    lines = [line.removesuffix("\r") for line in lines]
-    if not is_json_lines(path, lines):
-        return [{} for _ in lines]
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        own = {k: rec[k] for k in SAMPLING_KEYS if rec.get(k) is not None}
-        for k, v in own.items():
-            kind = int if k == "seed" else (int, float)
-            if isinstance(v, bool) or not isinstance(v, kind):
-                raise ValueError(f"{path}:{n}: \"{k}\" must be {'an integer' if k == 'seed' else 'a number'}, "
-                                 f"got a JSON {_json_kind(v)}")
-        if own.get("temperature", 0) < 0 or not 0 < own.get("top_p", 1) <= 1 \
-                or not 0 <= own.get("seed", 0) < 1 << 63:
-            raise ValueError(f"{path}:{n}: need temperature >= 0, 0 < top_p <= 1 and 0 <= seed < 2^63; got "
-                             + ", ".join(f"{k} {v}" for k, v in own.items()))
-        out.append(own)
-    return out
+    for k, v in own.items():
+        kind = int if k == "seed" else (int, float)
+        if isinstance(v, bool) or not isinstance(v, kind):
+            raise ValueError(f"{path}:{n}: \"{k}\" must be {'an integer' if k == 'seed' else 'a number'}, "
+                             f"got a JSON {_json_kind(v)}")
+    if own.get("temperature", 0) < 0 or not 0 < own.get("top_p", 1) <= 1 \
+            or not 0 <= own.get("seed", 0) < 1 << 63:
+        raise ValueError(f"{path}:{n}: need temperature >= 0, 0 < top_p <= 1 and 0 <= seed < 2^63; got "
+                         + ", ".join(f"{k} {v}" for k, v in own.items()))
+    return own

@@ -56,6 +56,7 @@ class TraceRunner:
                  free: TraceSet | None = None) -> None:
         """`free`: a model-free trace of the same requests, for a hybrid replay (`check_hybrid`)."""
         self.cost, self.n_slots, self.max_depth = cost, n_slots, k_max
+        self.free_top1: np.ndarray | None = None  # (P, K) the model-free chains' features (hybrid)
         if free is not None:
             check_hybrid(traces, free)
             self.drafter = _Hybrid()
@@ -114,7 +115,7 @@ class TraceRunner:
         match = self.oracle_match()
         context = int((self.r_ctx[req] + t).sum())
         take = None  # (B,) bool rows that keep the free chain (hybrid)
-        if hasattr(self, "drafter"):
+        if self.free_top1 is not None:
             take, f_top1, f_ent, f_drafted = self._free_chains(ptr, budgets if caps is None else caps, choose_fn)
             budgets = np.where(take, 0, budgets)
             room = self.r_len[req] - t - 1
