@@ -200,13 +200,16 @@ class Controller:
             return None, False
 
     # ---- the step -----------------------------------------------------------------------------
-    def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    def plan(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray,
+             closing: np.ndarray | None = None) -> np.ndarray:
+        """The step's budgets (B,) from the policy; `closing`: `PlanContext.closing`."""
         B = len(seq_ids)
         self._close_priors()
         st = self._now = _StepState(step)  # a plan opens its step
         st.priors = Priors(self.acceptance, seq_ids, self.max_depth)
         ctx = PlanContext(step, seq_ids, context_lens, self.max_depth, st.priors, self.step_cost(step, B),
-                          cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)))
+                          cost_learns=self.learn_cost and bool(getattr(self.cost, "learns", False)),
+                          closing=closing)
         off = np.zeros(B, np.int64)
         if self.max_depth == 0:  # K = 0 (--max-depth 0): nothing to draft, no decision to ask for
             return off

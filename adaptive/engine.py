@@ -229,6 +229,7 @@ class Engine:
         self._ids: dict[int, int] = {}  # slot -> sequence id (stable per request)
         self.finished_ids: list[int] = []  # sequence ids that left in the last step
         self.last_record: StepRecord | None = None  # the last step the controller learned from
+        self.closed = False  # every request has been submitted (`run`): once none waits, the run is closing
 
     # ---- admission ----------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
@@ -297,7 +298,8 @@ class Engine:
         room = np.array([self.running[s][0].max_new_tokens - len(self.running[s][1].output_ids) for s in slots])
         room = np.minimum(room, self.runner.max_len - ctx_lens) - 1  # tokens a step may still accept
         t_plan = time.perf_counter()
-        budgets = self._budgets(slots, seq_ids, ctx_lens)
+        closing = room + 1 if self.closed and not self.queue else None  # (B,) tokens left (PlanContext.closing)
+        budgets = self._budgets(slots, seq_ids, ctx_lens, closing)
         t_plan = time.perf_counter() - t_plan
         budgets = np.minimum(budgets, np.maximum(room, 0))  # never draft past what can be emitted
         live = np.array([s in self.running for s in slots])
@@ -345,9 +347,10 @@ class Engine:
         finished, self.finished_ids = self.finished_ids, []
         return finished
 
-    def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray) -> np.ndarray:
+    def _budgets(self, slots: np.ndarray, seq_ids: np.ndarray, ctx_lens: np.ndarray,
+                 closing: np.ndarray | None) -> np.ndarray:
         if isinstance(self.depth, Controller):
-            return self.depth.plan(self.step_no, seq_ids, ctx_lens)
+            return self.depth.plan(self.step_no, seq_ids, ctx_lens, closing)
         raw = np.asarray(self.depth(seq_ids, ctx_lens)).reshape(-1)
         K = self.runner.max_depth
         budgets = np.zeros(len(slots), np.int64)
@@ -386,11 +389,16 @@ class Engine:
         Engine(self.runner, depth, max_batch=1).run([Request("warm-up", list(prompt_ids), tokens, ignore_eos=True)])
 
     def run(self, requests: list[Request], progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
-        """Serve all requests to completion; invalid ones come back with their error set."""
+        """Serve all requests to completion; invalid ones come back with their error set. No other
+        request comes during the run, so it is closing once none waits (`PlanContext.closing`)."""
         outs = submit_all(self, requests)
-        while self.has_work():
-            before = self.stats.emitted
-            self.step()
-            if progress:
-                progress(self.stats.emitted - before)
+        closed, self.closed = self.closed, True
+        try:
+            while self.has_work():
+                before = self.stats.emitted
+                self.step()
+                if progress:
+                    progress(self.stats.emitted - before)
+        finally:
+            self.closed = closed
         return outs

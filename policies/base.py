@@ -62,6 +62,10 @@ class PlanContext:
     # the controller refines `cost` from this step's measured time (live serving with a learning
     # model; False in replay, where the cost is the simulator's ground truth)
     cost_learns: bool = False
+    # (B,) int64: tokens each sequence may still emit, set only while the run is closing: every
+    # request was known up front (`Engine.run`: generate, a closed replay) and none waits, so the
+    # run ends with its slowest sequence. None otherwise (serving: more may come; or requests wait).
+    closing: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:

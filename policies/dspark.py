@@ -20,7 +20,8 @@ DESIGN.md "Allocation"):
 
 Whether a step drafts dynamically, asks `verify`, or probes the cost model is measured on the
 policy's own steps, not predicted (policies/dspark_gates.py); so is whether speculating pays at
-all against not speculating (the rail, policies/dspark_rail.py).
+all against not speculating (the rail, policies/dspark_rail.py). In a closing run, only the
+sequences that decide when it ends draft (policies/dspark_closing.py).
 
 The controller asks `verify` causally, once per position j with columns 1..j; each answer is the
 allocation of the columns shown, and equals a fresh instance's (`VerifyColumns` checks before it
@@ -36,6 +37,7 @@ import numpy as np
 from specdepth.policies.base import (ChooseContext, DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome,
                                     VerifyContext)
 from specdepth.policies.dspark_choose import choose_free
+from specdepth.policies.dspark_closing import Pace, plain_rows
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
 from specdepth.policies.dspark_rail import Rail
@@ -68,18 +70,20 @@ class DSpark(DepthPolicy):
             into a plan that drafts after a spell without (`DraftLag`).
         rail: draft nothing where the run's own speculating steps measure slower than its plain
             ones (policies/dspark_rail.py; live only).
+        closing: in a closing run, step plain the sequences expected to finish by the slowest
+            one anyway (policies/dspark_closing.py).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
                                            "probe": True, "weigh_verify": True, "follow_plan": True,
-                                           "catch_up": True, "rail": True}
+                                           "catch_up": True, "rail": True, "closing": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
                  probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True,
-                 catch_up: bool = True, rail: bool = True) -> None:
+                 catch_up: bool = True, rail: bool = True, closing: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -96,6 +100,9 @@ class DSpark(DepthPolicy):
         self.follow_plan = bool(follow_plan)
         self.catch_up = bool(catch_up)
         self.rail = bool(rail)
+        self.closing = bool(closing)
+        self._closing_plain: tuple[int, np.ndarray] = (-1, np.zeros(0, bool))  # (step, (B,) rows stepped plain)
+        self._pace = Pace()  # each sequence's tokens a step while allowed to draft (for closing runs)
         self._rail = Rail()  # speculating against plain steps, as measured (live only)
         self._measure = SelfMeasure(self.weigh_asks)  # the gates' measures and this step's choices
         self._draft_lag = DraftLag()  # tokens each draft cache lacks (live only)
@@ -135,12 +142,18 @@ class DSpark(DepthPolicy):
         budgets, deepest = self._budgets(ctx, prices)
         if deepest > 0 and prices.draft_all == 0.0:  # a free draft (model-free drafter): draft to K, verify decides
             budgets, deepest = raised(budgets, K), K
+        closing = self.closing and ctx.closing is not None
+        if closing and deepest > 0:  # only the sequences on the run's critical path draft
+            plain = plain_rows(ctx.closing, ctx.prior_survival, budgets, self._pace.rate(ctx.seq_ids))
+            budgets[plain] = 0
+            deepest = int(budgets.max(initial=0))
+            self._closing_plain = (ctx.step, plain)
         bucket = m.bucket(B)
         tried = False  # a plan of nothing drafted one deep: drafted as it is, nothing asked
         if self.probe and ctx.cost_learns:
             if deepest > 0 and m.probes_now(bucket, ctx, budgets, int(deepest), prices, self.price_draft):
                 budgets[:], deepest = 0, 0
-            elif deepest == 0 and (rows := m.try_rows(bucket, ctx, prices, self._draft_lag)) is not None:
+            elif deepest == 0 and not closing and (rows := m.try_rows(bucket, ctx, prices, self._draft_lag)) is not None:
                 budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
                 deepest, tried = int(budgets.max(initial=0)), True
         weigh_verify = self.weigh_verify and ctx.cost_learns
@@ -190,6 +203,8 @@ class DSpark(DepthPolicy):
     def observe(self, out: StepOutcome) -> None:
         self._rail.observe(out.step, out.batch_size, bool(np.any(out.drafted > 0)),
                            int(np.sum(out.accepted)) + out.batch_size, out.prev_step_s)
+        if self.closing:
+            self._pace.observe(out.seq_ids, out.budgets, out.accepted, out.finished)
         if self.catch_up and self._cost_learns:
             self._draft_lag.track(out)
         self._measure.observe(out, self._prices, self._plan_ctx, self._cost_learns)
@@ -259,6 +274,8 @@ class DSpark(DepthPolicy):
         if n == 0 or j == 0 or ctx.step == self._plain_step:  # plain: a hybrid's free drafts go unchecked
             return np.zeros(n, np.int64)
         conf, drafted = np.asarray(ctx.conf, np.float64), np.asarray(ctx.drafted, np.int64)
+        if self._closing_plain[0] == ctx.step and len(self._closing_plain[1]) == n:  # a hybrid's free drafts
+            conf = np.where(self._closing_plain[1][:, None], 0.0, conf)  # of rows stepped plain: nothing to admit
         lens = np.asarray(ctx.context_lens, np.int64)
         a = self._alloc
         ans = None

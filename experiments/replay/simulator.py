@@ -230,6 +230,7 @@ def _run_closed(sim: _Sim, clients: int, drain: bool) -> None:
     for i in range(min(clients, n)):
         sim.submit(i)
     while sim.engine.has_work():
+        sim.engine.closed = len(sim.outs) == n  # as `Engine.run`: every request issued, the run closes
         fin = sim.engine.step()
         if len(fin) and len(sim.outs) == n and not drain:
             return  # a finish that cannot be replaced: the load would drop below C from here

@@ -496,3 +496,33 @@ def test_max_depth_0_runs_as_no_speculation_without_asking_the_policy(pair, work
     eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=0), ctl)
     assert [o.output_ids for o in eng.run(reqs)] == ref
     assert not ctl.fallbacks and eng.stats.pos_verified.sum() == 0
+
+
+class ClosingSeen(DepthPolicy):
+    """Drafts 2 everywhere and keeps what each plan was told of the run's end."""
+    name = "closing-seen"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, object]] = []  # (batch size, PlanContext.closing)
+
+    def plan(self, ctx):
+        self.seen.append((ctx.batch_size, None if ctx.closing is None else ctx.closing.tolist()))
+        return np.full(ctx.batch_size, 2)
+
+
+def test_a_run_is_closing_once_no_request_waits_and_a_step_loop_never_is(pair):
+    reqs = [Request(f"c{i}", [1 + i, 2, 3], n, ignore_eos=True) for i, n in enumerate([6, 9, 5])]
+    policy = ClosingSeen()
+    outs, _, eng = run(pair, reqs, policy, max_batch=2)
+    assert [len(o.output_ids) for o in outs] == [6, 9, 5] and eng.closed is False
+    first_closing = next(i for i, (_, c) in enumerate(policy.seen) if c is not None)
+    assert all(c is None for _, c in policy.seen[:first_closing])  # the third request waited until then
+    for b, c in policy.seen[first_closing:]:
+        assert len(c) == b and all(1 <= x <= 9 for x in c)  # tokens each running request may still emit
+    assert 5 in policy.seen[first_closing][1]  # the last admitted: all its tokens still to come
+    served = ClosingSeen()  # a server's step loop: more may come at any step, so never closing
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=2, max_depth=8), Controller(served, max_depth=8))
+    eng.submit(Request("s", [1, 2, 3], 6, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    assert served.seen and all(c is None for _, c in served.seen)

@@ -1,0 +1,71 @@
+"""dspark in a closing run: draft only for the sequences that decide when the run ends.
+
+Once every request is known and none waits (`PlanContext.closing`: generate's last wave, a closed
+replay), the run ends with its slowest sequence, and every step until then pays its fixed cost
+whatever the others do. A sequence expected to finish by then at one token a step gains the run
+nothing from drafting: its verified drafts only widen steps that run anyway (on a step priced
+a + b N, its share b N over its remaining steps is least at N = 1 a step). So it steps plain, and
+the sequences on the critical path keep the plan's budgets.
+
+A sequence's tokens a step are the lower of its prior's and its own measure in this run (`Pace`):
+an optimistic guess for the slowest sequence would end the others early, and the run would then
+finish its slowest alone, in small steps that cost nearly as much as full ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PACE_STEPS = 4  # steps allowed to draft before a sequence's own measure counts
+
+
+def expected_tokens(survival: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+    """(B,) tokens a step emits per sequence at its budget: 1 + the prior survivals up to it.
+
+    survival: (B, K) s_{r,j}; budgets: (B,) int64 in [0, K]."""
+    B, K = survival.shape
+    cum = np.concatenate([np.zeros((B, 1)), np.cumsum(np.clip(survival, 0.0, 1.0), axis=1)], axis=1)  # (B, K + 1)
+    return 1.0 + cum[np.arange(B), np.clip(budgets, 0, K)]
+
+
+def plain_rows(remaining: np.ndarray, survival: np.ndarray, budgets: np.ndarray,
+               measured: np.ndarray | None = None) -> np.ndarray:
+    """(B,) bool: the drafting sequences that step plain, being expected to finish at one token a
+    step no later than the slowest sequence finishes at its budget. The slowest (ties included)
+    keep drafting, so their measure stays current.
+
+    remaining: (B,) tokens each may still emit; survival: (B, K); budgets: (B,) the plan's;
+    measured: (B,) tokens a step each has emitted while allowed to draft (NaN: not yet known)."""
+    remaining = np.asarray(remaining, np.float64)
+    rate = expected_tokens(survival, budgets)
+    if measured is not None:
+        rate = np.fmin(rate, measured)  # NaN: the prior's
+    steps = remaining / rate  # (B,) expected steps to finish
+    slowest = steps.max(initial=0.0)
+    return (budgets > 0) & (remaining <= slowest) & (steps < slowest)
+
+
+class Pace:
+    """Each running sequence's tokens per step over the steps it was allowed to draft (explicit state)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+
+    def observe(self, seq_ids: np.ndarray, budgets: np.ndarray, accepted: np.ndarray, finished: np.ndarray) -> None:
+        for sid, b, a in zip(seq_ids.tolist(), budgets.tolist(), accepted.tolist()):
+            if b > 0:
+                self.steps[sid] = self.steps.get(sid, 0) + 1
+                self.tokens[sid] = self.tokens.get(sid, 0) + 1 + a
+        for sid in finished.tolist():
+            self.steps.pop(sid, None)
+            self.tokens.pop(sid, None)
+
+    def rate(self, seq_ids: np.ndarray) -> np.ndarray:
+        """(B,) tokens a step, NaN where fewer than PACE_STEPS steps are known."""
+        out = np.full(len(seq_ids), np.nan)
+        for r, sid in enumerate(seq_ids.tolist()):
+            n = self.steps.get(sid, 0)
+            if n >= PACE_STEPS:
+                out[r] = self.tokens[sid] / n
+        return out
