@@ -132,7 +132,7 @@ class DSpark(DepthPolicy):
     def plan(self, ctx: PlanContext) -> np.ndarray:
         B, K = ctx.batch_size, ctx.max_depth
         m = self._measure
-        if self.rail and ctx.cost_learns and not self._rail.speculates(B, self._plain_goodput(ctx)):
+        if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx)):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             self._plan_ctx, self._plan_key, self._cost_learns = ctx, None, ctx.cost_learns
             self._passes, m.last_ids = (ctx.step, 0), ctx.seq_ids

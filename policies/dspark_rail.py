@@ -23,6 +23,7 @@ Only where time is measured (live, `prev_step_s` > 0); a replay is never overrul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 RAIL_EVIDENCE = 12  # counted steps of each side before the rail may overrule the plan
@@ -97,11 +98,12 @@ class Rail:
         self.checks += 1
         return spec
 
-    def speculates(self, batch_size: int, predicted_plain: float) -> bool:
+    def speculates(self, batch_size: int, predicted_plain: Callable[[], float]) -> bool:
         """Whether this step may speculate (False: it drafts nothing, and plans nothing).
 
-        `predicted_plain`: the cost model's goodput of a plain step at this batch, tokens/s; until
-        plain steps are measured, speculation measured well above it needs no dense checks."""
+        `predicted_plain()`: the cost model's goodput of a plain step at this batch, tokens/s (asked
+        only while plain steps lack evidence); until plain steps are measured, speculation measured
+        well above it needs no dense checks."""
         b = self.bucket(batch_size)
         if b.block > 0:
             b.block -= 1
@@ -111,7 +113,7 @@ class Rail:
         if spec.n < RAIL_EVIDENCE:
             return True  # speculation's own measure first
         if plain.n < RAIL_EVIDENCE:  # only measured plain steps may overrule the plan
-            if spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain and b.wait >= DENSE_EVERY:
+            if b.wait >= DENSE_EVERY and spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain():
                 return self._check(b, False)
             return True
         reference = plain.goodput

@@ -11,7 +11,7 @@ def drive(rail: Rail, steps: int, B: int, spec_goodput: float, plain_goodput: fl
     """Run `steps` steps: each asks the rail, then reports its outcome with the step's time."""
     kinds, step_s = [], 0.0
     for step in range(steps):
-        spec = rail.speculates(B, predicted)
+        spec = rail.speculates(B, lambda: predicted)
         kinds.append(spec)
         emitted = 3 * B if spec else B
         rail.observe(step, B, spec, emitted, step_s)
