@@ -151,7 +151,8 @@ def served(port: int, prompts: list[list[int]], conc: int, n_req: int, new_token
 class Server:
     """A `specdepth serve` subprocess on a free loopback port; stopped with SIGTERM."""
 
-    def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float, drafter: str = "model") -> None:
+    def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float, drafter: str = "model",
+                 env: dict[str, str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -159,7 +160,7 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli.main", "serve", "--policy", policy,
                                       "--cost", cost_path, "--max-batch", str(max_batch), "--port", str(self.port),
                                       "--threads", "1", "--stream-ms", str(stream_ms), "--drafter", drafter],
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+                                     stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 180
         while "Ctrl-C or SIGTERM" not in Path(self.log.name).read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:

