@@ -88,9 +88,10 @@ def _wait_gone(venv: Path, timeout: float = 60.0) -> None:
         alive = False
         for proc in Path("/proc").glob("[0-9]*"):
             try:
-                alive = str(venv).encode() in (proc / "cmdline").read_bytes()
+                cmd = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
+            alive = str(venv).encode() in cmd or b"EngineCore" in cmd  # vLLM renames its engine process
             if alive:
                 break
         if not alive:
@@ -182,16 +183,6 @@ def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, th
         add("vllm", r["config"], "offline", r["concurrency"],
             {"goodput": r["goodput"], "ttft_p50": _pct(r["ttft"], 50), "ttft_p99": _pct(r["ttft"], 99),
              "tpot_p50": _pct(r["tpot"], 50), "tpot_p99": _pct(r["tpot"], 99)})
-    for c in [c for c in args.served_configs.split(",") if c]:
-        print(f"  vllm serve {c} ...", file=sys.stderr)
-        srv = VllmServer(venv, target, vllm_config(c, str(draft)), max(conc), work)
-        try:
-            served(srv.port, prompts[:2], 1, 2, 4)  # warm-up
-            for C in conc:
-                add("vllm", c, "served", C, served(srv.port, prompts, C, max(16, 4 * C), args.served_tokens))
-        finally:
-            srv.stop()
-            _wait_gone(venv)
     cost_path = work / "cost.json"
     cost = build_cost("auto", pair, "cpu", PairRunner(pair.target, pair.draft, n_slots=1, max_depth=8))
     cost_path.write_text(cost.to_json())
@@ -214,6 +205,16 @@ def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, th
                 add("specdepth", v, "served", C, served(srv.port, prompts, C, max(16, 4 * C), args.served_tokens))
         finally:
             srv.stop()
+    for c in [c for c in args.served_configs.split(",") if c]:
+        print(f"  vllm serve {c} ...", file=sys.stderr)
+        srv = VllmServer(venv, target, vllm_config(c, str(draft)), max(conc), work)
+        try:
+            served(srv.port, prompts[:2], 1, 2, 4)  # warm-up
+            for C in conc:
+                add("vllm", c, "served", C, served(srv.port, prompts, C, max(16, 4 * C), args.served_tokens))
+        finally:
+            srv.stop()
+            _wait_gone(venv)
     return rows
 
 
@@ -385,11 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         if served_cfgs:
             job["closed"] = {"configs": served_cfgs, "concurrency": conc, "tokens": args.served_tokens,
                              "prompts": served_prompts(pair.tokenizer)}
-        print(f"vLLM: {len(configs)} configurations (each starts its engine, ~60 s) ...", file=sys.stderr)
+        print(f"specdepth: {len(variants)} variants ...", file=sys.stderr)
+        ours = run_specdepth(pair, variants, prompts, args.tokens)  # first: nothing of vLLM's can linger into it
+        print(f"vLLM: {len(job['configs'])} configurations (each starts its engine, ~60 s) ...", file=sys.stderr)
         t0 = time.perf_counter()
         theirs = run_vllm(args.venv, job, work, args.timeout)
-        print(f"vLLM done in {time.perf_counter() - t0:.0f} s; specdepth: {len(variants)} variants ...", file=sys.stderr)
-        ours = run_specdepth(pair, variants, prompts, args.tokens)
+        print(f"vLLM done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         closed = [r for r in theirs if r.get("mode") == "closed"]
         theirs = [r for r in theirs if r.get("mode") != "closed"]
         for r in theirs:
