@@ -91,7 +91,7 @@ def _wait_gone(venv: Path, timeout: float = 60.0) -> None:
                 cmd = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            alive = str(venv).encode() in cmd or b"EngineCore" in cmd  # vLLM renames its engine process
+            alive = str(venv).encode() in cmd or cmd.startswith(b"VLLM::")  # vLLM renames its engine processes
             if alive:
                 break
         if not alive:
@@ -235,7 +235,8 @@ def served_prompts(tok) -> list[list[int]]:
 
 
 def run_specdepth(pair, variants: list[str], prompts: dict[int, list[list[int]]], tokens: int) -> list[dict]:
-    """Every variant (POLICY[@DRAFTER]) on the Engine, started and warmed before timing."""
+    """Every variant (POLICY[@DRAFTER]) on the Engine, started and warmed before timing (a short
+    untimed wave at each batch size: the kernels each path uses compile on first use)."""
     from specdepth.adaptive.controller import Controller
     from specdepth.adaptive.engine import Engine, Request
     from specdepth.experiments.cli.generate import build_cost
@@ -248,7 +249,9 @@ def run_specdepth(pair, variants: list[str], prompts: dict[int, list[list[int]]]
         runner = PairRunner(pair.target, pair.draft, n_slots=top, max_depth=8, drafter=drafter or "model")
         ctl = Controller(make_policy(policy), 8, cost=build_cost("auto", pair, "cpu", runner))
         eng = Engine(runner, ctl, eos_ids=pair.tokenizer.eos_ids)
-        eng.warm_up(prompts[min(prompts)][0][-32:])
+        for B, ps in prompts.items():  # untimed, as vLLM's engine start-up: numba compiles each path's kernels
+            eng.max_batch = B
+            eng.run([Request(f"warm-{B}-{j}", p[-32:], 8, ignore_eos=True) for j, p in enumerate(ps[:B])])
         for B, ps in prompts.items():
             eng.max_batch = B
             before, seconds, ids = (eng.stats.emitted, eng.stats.seq_steps), 0.0, []
