@@ -53,10 +53,10 @@ class Pace:
         self.tokens: dict[int, int] = {}
 
     def observe(self, seq_ids: np.ndarray, budgets: np.ndarray, accepted: np.ndarray, finished: np.ndarray) -> None:
-        for sid, b, a in zip(seq_ids.tolist(), budgets.tolist(), accepted.tolist()):
-            if b > 0:
-                self.steps[sid] = self.steps.get(sid, 0) + 1
-                self.tokens[sid] = self.tokens.get(sid, 0) + 1 + a
+        drafting = np.flatnonzero(budgets > 0)  # a plain step (most, once the rail or a closing run rules) loops over none
+        for sid, a in zip(seq_ids[drafting].tolist(), accepted[drafting].tolist()):
+            self.steps[sid] = self.steps.get(sid, 0) + 1
+            self.tokens[sid] = self.tokens.get(sid, 0) + 1 + a
         for sid in finished.tolist():
             self.steps.pop(sid, None)
             self.tokens.pop(sid, None)

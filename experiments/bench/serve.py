@@ -40,7 +40,15 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def _summary(wall: float, tokens: int, ttft: list[float], tpot: list[float]) -> dict:
+def free_port() -> int:
+    """A free TCP port on loopback (for a server subprocess to bind)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def latency_summary(wall: float, tokens: int, ttft: list[float], tpot: list[float]) -> dict:
+    """Goodput, and TTFT and TPOT at p50 / p99, of a closed loop's requests."""
     return {"goodput": tokens / wall, "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99),
             "tpot_p50": _pct(tpot, 50), "tpot_p99": _pct(tpot, 99), "tokens": tokens, "wall_s": wall}
 
@@ -80,7 +88,7 @@ def in_process(policy: str, cost, prompts: list[list[int]], conc: int, n_req: in
     wall = time.perf_counter() - t0
     ttft = [first[o.request_id] - o.t_submit for o in outs if o.request_id in first]
     tpot = [(o.t_done - first[o.request_id]) / (len(o.output_ids) - 1) for o in outs if len(o.output_ids) > 1]
-    return _summary(wall, sum(len(o.output_ids) for o in outs), ttft, tpot)
+    return latency_summary(wall, sum(len(o.output_ids) for o in outs), ttft, tpot)
 
 
 def _stream(port: int, prompt: list[int], new_tokens: int) -> tuple[float, float, float, int]:
@@ -145,7 +153,7 @@ def served(port: int, prompts: list[list[int]], conc: int, n_req: int, new_token
     wall = time.perf_counter() - t0
     ttft = [f - s for s, f, _, _ in results if f]
     tpot = [(last - f) / (n - 1) for _, f, last, n in results if n > 1 and f]
-    return _summary(wall, sum(r[3] for r in results), ttft, tpot)
+    return latency_summary(wall, sum(r[3] for r in results), ttft, tpot)
 
 
 class Server:
@@ -153,9 +161,7 @@ class Server:
 
     def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float, drafter: str = "model",
                  env: dict[str, str] | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli.main", "serve", "--policy", policy,
                                       "--cost", cost_path, "--max-batch", str(max_batch), "--port", str(self.port),

