@@ -103,6 +103,9 @@ class EngineStats:
     draft_s: float = 0.0
     target_s: float = 0.0
     control_s: float = 0.0  # the controller: plan, keep_drafting and verify callbacks, observe
+    prefill_s: float = 0.0  # admission: the prompts' prefill passes
+    sample_s: float = 0.0  # the verdict: sampling and the acceptance rule (`StepResult.sample_s`)
+    commit_s: float = 0.0  # the commit: the runner's (tokens, KV, drafter) and the engine's (outputs, stops)
     # the controller's benchmark bookkeeping (`Controller.cost_track`), left out of control_s and
     # of the time outside the passes: a deployed engine does not do it (a benchmark's wall
     # clock subtracts it too)
@@ -124,7 +127,8 @@ class EngineStats:
 
     def add(self, other: "EngineStats") -> None:
         """Count another loop's steps in these (a replica's round, in the cluster's totals)."""
-        for name in ("steps", "seq_steps", "emitted", "draft_s", "target_s", "control_s", "track_s"):
+        for name in ("steps", "seq_steps", "emitted", "draft_s", "target_s", "control_s", "prefill_s", "sample_s",
+                     "commit_s", "track_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         K = max(len(self.pos_verified), len(other.pos_verified))
         for name in ("pos_verified", "pos_accepted"):
@@ -264,6 +268,7 @@ class Engine:
             batch.append(self.queue.popleft())
         if not batch:
             return
+        t = time.perf_counter()
         add_many = getattr(self.runner, "add_many", None)
         if add_many is not None and len(batch) > 1:
             slots = add_many([list(req.prompt_ids) for req, _, _ in batch], [req.sampling for req, _, _ in batch])
@@ -272,6 +277,7 @@ class Engine:
         for slot, (req, out, seq_id) in zip(slots, batch):
             self.running[slot] = (req, out)
             self._ids[slot] = seq_id
+        self.stats.prefill_s += time.perf_counter() - t
 
     def _finish(self, slot: int, reason: str, error: Exception | None = None) -> None:
         req, out = self.running.pop(slot)
@@ -318,6 +324,7 @@ class Engine:
                                    caps)
         else:
             res = self.runner.step(slots, budgets, keep, verify)
+        t_commit = time.perf_counter()
         self._commit(res, ctx_lens)
         t_obs, tracked = time.perf_counter(), 0.0
         if ctl:
@@ -332,6 +339,8 @@ class Engine:
         st.steps += 1
         st.draft_s += res.draft_s
         st.target_s += res.target_s
+        st.sample_s += res.sample_s
+        st.commit_s += res.commit_s + t_obs - t_commit
         st.control_s += t_plan + res.policy_s + time.perf_counter() - t_obs - tracked
         st.track_s += tracked
         # time outside the model passes (scheduling, sampling, bookkeeping, the controller), reported

@@ -57,6 +57,8 @@ class StepResult:
     keep_s: float = 0.0  # of which inside keep_fn
     first_pass_s: float = 0.0  # wall time of the first draft pass (the catch-up), features included
     free: np.ndarray | None = None  # (B,) bool: rows drafted model-free (a hybrid drafter); None: one drafter
+    sample_s: float = 0.0  # wall time of the verdict: sampling, the acceptance rule, tokens to the host
+    commit_s: float = 0.0  # wall time of the commit: tokens appended, KV caches truncated, drafter told
 
 
 class PairRunner:
@@ -183,20 +185,20 @@ class PairRunner:
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
         target_s = time.perf_counter() - t_fwd
+        t_sample = time.perf_counter()
         failed = self._check_finite(logits, verify + 1, "target")
         rows = self.step_rows
         if rows is not None and rows.all_greedy or rows is None and self.sampling.greedy:
-            verdict = greedy_verify(tokens[:, :D], logits.argmax(-1), d_t)
-        elif rows is not None:  # each row at its own settings (workers/row_sampling.py)
-            p = target_probs(logits, rows, np.array([len(self.seqs[s]) for s in slots]))  # (B, D + 1, V)
-            q = None if qprobs is None else qprobs[:, :D]
-            verdict = rejection_sample(tokens[:, :D], q, p, d_t, self.gen)
+            accepted, out = greedy_verify(self.last_draft_tokens[:, :D], logits.argmax(-1).cpu().numpy(), verify)
         else:
-            p = probs_from_logits(logits, self.sampling)  # (B, D + 1, V)
             q = None if qprobs is None else qprobs[:, :D]
+            if rows is not None:  # each row at its own settings (workers/row_sampling.py)
+                p = target_probs(logits, rows, np.array([len(self.seqs[s]) for s in slots]))  # (B, D + 1, V)
+            else:
+                p = probs_from_logits(logits, self.sampling)  # (B, D + 1, V)
             verdict = rejection_sample(tokens[:, :D], q, p, d_t, self.gen)
-        accepted = verdict.accepted.cpu().numpy()
-        out = verdict.tokens.cpu().tolist()
+            accepted, out = verdict.accepted.cpu().numpy(), verdict.tokens.cpu().numpy()
+        t_commit = time.perf_counter()
         emitted = []
         for r, s in enumerate(slots):
             n = len(self.seqs[s])
@@ -204,24 +206,26 @@ class PairRunner:
                 self.tcache.truncate(s, n - 1)
                 emitted.append([])
                 continue
-            new = out[r][: accepted[r] + 1]
+            new = out[r, : accepted[r] + 1].tolist()
             self.seqs[s].extend(new)
             self.tcache.truncate(s, n + accepted[r])  # keep prefix + accepted drafts
             self.drafter.commit(s, len(self.seqs[s]))
             emitted.append(new)
         return StepResult(np.asarray(slots), drafted, verify, accepted, emitted, top1, ent,
                           t1 - t0 - keep_s, target_s, dr.passes, int((verify + 1).sum()), ctx_tokens,
-                          failed, keep_s + t_verify, keep_s, dr.first_pass_s, prop.free)
+                          failed, keep_s + t_verify, keep_s, dr.first_pass_s, prop.free,
+                          t_commit - t_sample, time.perf_counter() - t_commit)
 
     def _check_finite(self, logits: torch.Tensor, n_valid: np.ndarray, which: str) -> dict[int, Exception]:
         T = logits.shape[1]
-        valid = torch.arange(T, device=logits.device)[None, :] < torch.tensor(n_valid, device=logits.device)[:, None]
         # a NaN or an inf anywhere in a row makes its sum non-finite: one reduction, where
         # isfinite(logits).all(-1) writes a (B, T, V) mask first (0.5 ms at 16 x 5 x 4096 here);
         # only a flagged row (or one whose finite logits overflowed the sum) is checked exactly
         row_ok = torch.isfinite(logits.sum(-1))  # (B, T)
-        if not bool(row_ok.all()):
-            row_ok = torch.isfinite(logits).all(-1)
+        if bool(row_ok.all()):
+            return {}
+        row_ok = torch.isfinite(logits).all(-1)
+        valid = torch.arange(T, device=logits.device)[None, :] < torch.tensor(n_valid, device=logits.device)[:, None]
         finite = (row_ok | ~valid).all(-1).cpu().numpy()  # (B,)
         return {int(r): NonFiniteLogits(f"{which} model produced NaN/inf logits")
                 for r in np.flatnonzero(~finite)}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -127,15 +128,17 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     return Verdict(accepted, tokens)
 
 
-def greedy_verify(draft_tokens: torch.Tensor, target_argmax: torch.Tensor, verify_len: torch.Tensor) -> Verdict:
-    """The temperature-0 special case of `rejection_sample`, without building one-hot tensors.
+def greedy_verify(draft_tokens: np.ndarray, target_argmax: np.ndarray, verify_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The temperature-0 special case of `rejection_sample`, on the host (a handful of small numpy
+    operations, where the same on torch tensors costs ~40 us more a step on the CPU).
 
     Args:
-        draft_tokens: (B, D) long; target_argmax: (B, D + 1) long; verify_len: (B,) long.
+        draft_tokens: (B, D) int; target_argmax: (B, D + 1) int; verify_len: (B,) int.
+
+    Returns:
+        (B,) accepted a_r, and (B, D + 1) tokens: the first a_r + 1 of each row, -1 after.
     """
     B, D = draft_tokens.shape
-    j = torch.arange(D, device=draft_tokens.device)
-    ok = (draft_tokens == target_argmax[:, :D]) & (j[None, :] < verify_len[:, None])  # (B, D)
-    accepted = ok.long().cumprod(dim=1).sum(dim=1)  # (B,)
-    keep = torch.arange(D + 1, device=draft_tokens.device)[None, :] <= accepted[:, None]  # (B, D + 1)
-    return Verdict(accepted, torch.where(keep, target_argmax, torch.full_like(target_argmax, -1)))
+    ok = (draft_tokens == target_argmax[:, :D]) & (np.arange(D)[None, :] < verify_len[:, None])  # (B, D)
+    accepted = np.cumprod(ok, axis=1).sum(axis=1) if D else np.zeros(B, np.int64)  # (B,)
+    return accepted, np.where(np.arange(D + 1)[None, :] <= accepted[:, None], target_argmax, -1)

@@ -38,9 +38,11 @@ DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=4@ngram", "static:k
 SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),
-    "time": re.compile(r"time: draft ([0-9.]+) s, target ([0-9.]+) s, controller ([0-9.]+) s"),
+    "time": re.compile(r"time: prefill ([0-9.]+) s, draft ([0-9.]+) s, target ([0-9.]+) s, sampling ([0-9.]+) s, commit ([0-9.]+) s, "
+                       r"controller ([0-9.]+) s, rest ([0-9.]+) s"),
     "cost_err": re.compile(r"cost model: whole-step time predicted within ([0-9.]+)%"),
 }
+SPLIT = ("prefill", "draft", "target", "sample", "commit", "control", "rest")  # the summary's time split, in its order
 
 
 def split_variant(v: str) -> tuple[str, str]:
@@ -77,11 +79,10 @@ def run_generate(prompts: list[str], variant: str, batch: int, tokens: int, extr
     if out.returncode != 0:
         raise RuntimeError(f"{variant} at batch {batch} failed: {out.stderr.strip().splitlines()[-3:]}")
     tps, steps = SUMMARY["tps"].search(out.stderr).groups()
-    draft_s, target_s, control_s = SUMMARY["time"].search(out.stderr).groups()
+    split = dict(zip(SPLIT, map(float, SUMMARY["time"].search(out.stderr).groups())))
     err = SUMMARY["cost_err"].search(out.stderr)
     return {"tps": float(tps), "steps": int(steps), "acc": float(SUMMARY["acc"].search(out.stderr).group(1)),
-            "draft_s": float(draft_s), "target_s": float(target_s), "control_s": float(control_s),
-            "process_s": wall, "cost_err": float(err.group(1)) / 100 if err else None,
+            **{f"{k}_s": v for k, v in split.items()}, "process_s": wall, "cost_err": float(err.group(1)) / 100 if err else None,
             "tokens": len(prompts) * tokens}
 
 
@@ -102,12 +103,21 @@ def summarise(runs: list[dict], variants: list[str]) -> tuple[list[dict], list[l
                          "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
                          "draft_share": float(np.median([r["draft_s"] / max(r["tokens"] / r["tps"], 1e-9)
                                                          for r in mine])),
-                         "cost_err": _median([r.get("cost_err") for r in mine])})
+                         "cost_err": _median([r.get("cost_err") for r in mine]),
+                         "split": {k: float(np.median([r[f"{k}_s"] / max(r["tokens"] / r["tps"], 1e-9) for r in mine]))
+                                   for k in SPLIT}})
     table_rows = [[r["kind"], r["batch"], r["variant"], r["tps"], r["acc"], r["ratio"],
                    None if r["ratio"] is None else f"[{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}]",
                    None if r["cost_err"] is None else f"{r['cost_err']:.1%}", r["rounds"]]
                   for r in rows]
     return rows, table_rows
+
+
+def split_rows(rows: list[dict]) -> list[list]:
+    """Per (kind, batch, variant): each part's median share of the run's generate time, and the
+    share outside the model passes (everything but prefill, draft and target)."""
+    return [[r["kind"], r["batch"], r["variant"], *(r["split"][k] for k in SPLIT),
+             1.0 - r["split"]["prefill"] - r["split"]["draft"] - r["split"]["target"]] for r in rows]
 
 
 def _median(xs: list) -> float | None:
@@ -157,14 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                     "tables": [table("Cold runs: tokens/s (prefill included) and the paired ratio to off",
                                      ["prompts", "batch", "policy@drafter", "tok/s", "acc len", "x off",
                                       "x off [min, max]", "step err", "rounds"], table_rows,
-                                     ["", "d", "", ".1f", ".2f", ".3f", "", "", "d"])],
+                                     ["", "d", "", ".1f", ".2f", ".3f", "", "", "d"]),
+                               table("Where a cold run's time goes: shares of generate's wall time (median)",
+                                     ["prompts", "batch", "policy@drafter", *SPLIT, "outside passes"],
+                                     split_rows(rows), ["", "d", "", *[".3f"] * (len(SPLIT) + 1)])],
                     "notes": [f"{args.tokens} new tokens per request; {args.prompts_at_1} prompts at batch 1, "
                               f"B at batch B; {args.rounds} rounds; step err: the cost model's median error on a "
                               f"whole step's time, steps 50 on (generate's summary); process start-up (median): "
                               f"{np.median([r['process_s'] - r['tokens'] / r['tps'] for r in runs]):.1f} s"],
                     "summary": rows, "runs": runs}, meta)
     bar.close()
-    for row in table_rows:
+    for row in [*table_rows, [], *split_rows(rows)]:
         print(" | ".join(str(c) if not isinstance(c, float) else f"{c:.3f}" for c in row))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

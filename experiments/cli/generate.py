@@ -249,6 +249,7 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks, cost_error: 
     pos = np.round(stats.pos_accepted / np.maximum(stats.pos_verified, 1), 2)
     last = int(np.flatnonzero(stats.pos_verified).max(initial=-1)) + 1
     counts = finish_counts(outs)
+    passes, host = stats.prefill_s + stats.draft_s + stats.target_s, stats.sample_s + stats.commit_s + stats.control_s
     finished = ", ".join(f"{n} {reason}" for reason, n in counts.items() if n or reason != "error")
     if counts["context"]:
         finished += " (context: stopped at the model's context limit)"
@@ -258,9 +259,10 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks, cost_error: 
              f"acceptance length {stats.acceptance_length:.2f} (emitted per sequence-step, incl. the target's token)",
              f"per-position acceptance (position j accepted | j-1 accepted): "
              f"{pos[:last].tolist() if last else 'none verified'}",
-             f"time: draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s, controller "
-             f"{stats.control_s:.2f} s, rest {max(wall - stats.draft_s - stats.target_s - stats.control_s, 0):.2f} s "
-             "(prefill, sampling, commit, scheduling)"]
+             f"time: prefill {stats.prefill_s:.2f} s, draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s, "
+             f"sampling {stats.sample_s:.2f} s, commit {stats.commit_s:.2f} s, controller {stats.control_s:.2f} s, "
+             f"rest {max(wall - passes - host, 0):.2f} s; {100 * max(wall - passes, 0) / max(wall, 1e-9):.0f}% "
+             "outside the model passes"]
     if cost_error:
         lines.append(cost_error)
     if fallbacks:
