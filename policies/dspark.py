@@ -183,15 +183,19 @@ class DSpark(DepthPolicy):
         return B / t if t > 0 else 0.0
 
     def _budgets(self, ctx: PlanContext, prices: StepPrices) -> tuple[np.ndarray, int]:
-        """(B,) budgets by the allocation rule on the priors, and the deepest. Live, a drafting plan
+        """(B,) budgets by the allocation rule on the priors, and the deepest. Live, a plan that drafts
+        pays a model-free drafter's proposing once (`FreeDraftCost.drafting_s`), and a drafting plan
         whose sequences' draft caches lag is priced again with 1 / CATCH_UP_STEPS of their catch-up."""
         prior, times = np.asarray(ctx.prior_conf, np.float64), prices.target[ctx.batch_size:]
         pass_time = prices.draft_all if self.price_draft else 0.0
-        budgets, deepest = plan_kernel(prior, times, pass_time, self.margin)
+        # a model-free draft's proposing, as measured live: paid once by a plan that drafts at all
+        free = ctx.cost.drafting_s(ctx.batch_size) if self.price_draft and ctx.cost_learns \
+            and hasattr(ctx.cost, "drafting_s") else 0.0
+        budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free)
         if deepest > 0 and self.catch_up and ctx.cost_learns and self._draft_lag.most > CATCH_UP_USUAL:
             first = self._draft_lag.catch_up_s(ctx, budgets > 0, prices.context) / CATCH_UP_STEPS
             if first > 0.0:  # a plan that drafts nothing pays none
-                budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, first)
+                budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free + first)
         return budgets, deepest
 
     def verifies(self, step: int) -> bool:

@@ -89,3 +89,22 @@ def test_a_plan_after_a_spell_of_off_prices_the_draft_s_catch_up() -> None:
     assert policy._draft_lag.catch_up_s(ctx, np.array([1, 1, 0, 0]) > 0, 0) / CATCH_UP_STEPS == pytest.approx(catch)
     assert policy._draft_lag.catch_up_s(ctx, np.array([0, 0, 2, 2]) > 0, 0) / CATCH_UP_STEPS == 0.0  # they drafted last step
     assert policy._draft_lag.catch_up_s(make_plan_ctx(4, seq_ids=[7, 8, 9, 10], cost=cost), np.ones(4, bool), 0) == 0.0
+
+
+def test_a_plan_pays_a_model_free_drafter_s_proposing_once_live() -> None:
+    """A model-free draft costs no pass but its proposing is host work (`FreeDraftCost.drafting_s`):
+    live, a plan that drafts pays it once; one that gains less than it drafts nothing; a replay
+    (the cost not learned) is priced as before."""
+    from specdepth.adaptive.cost.free_draft import FreeDraftCost
+    from specdepth.adaptive.cost.model import FixedCost
+    cost = FreeDraftCost(FixedCost(target_ms=20, draft_ms=0))  # a 20 ms step whatever its tokens
+
+    def plan(prior: float, per_row_s: float, learns: bool = True) -> np.ndarray:
+        cost._rows.row_s = per_row_s
+        return DSpark(probe=False).plan(replace(make_plan_ctx(4, prior_conf=prior, cost=cost), cost_learns=learns))
+
+    assert plan(0.3, 0.0).any()  # free: any gain drafts
+    assert plan(0.3, 0.001).any()  # 4 ms (+20%) for ~1.7 tokens on 4 (+43%): pays
+    assert not plan(0.3, 0.003).any()  # 12 ms (+60%): does not
+    assert plan(0.3, 0.003, learns=False).any()  # a replay prices no proposing
+    assert plan(0.95, 0.003).any()  # a large gain drafts anyway

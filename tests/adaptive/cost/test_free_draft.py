@@ -57,3 +57,18 @@ def test_engine_prices_a_model_free_drafter_free():
     assert isinstance(ctl["ngram"].cost, FreeDraftCost) and ctl["ngram"].cost.draft_time(4) == 0.0
     ctl["ngram"].cost = FixedCost(target_ms=2, draft_ms=1)  # a cost set later (a replica's set_cost) stays free
     assert ctl["ngram"].cost.draft_time(4) == 0.0 and ctl["ngram"].cost.target_time(3) == 2e-3
+
+
+def test_proposing_is_priced_per_row_as_measured_on_the_steps_that_drafted():
+    free = FreeDraftCost(make_profiled())
+    view = free.at_batch(8)
+    assert free.drafting_s(64) == 0.0  # nothing measured yet
+    free.observe(8, 800, 0.02, 8, 0, 0.0, batch_size=8)  # a plain step teaches nothing
+    assert free.drafting_s(64) == 0.0
+    for _ in range(30):
+        free.observe(40, 800, 0.02, 8, 4, 8 * 20e-6, batch_size=8)  # 20 us a row
+    assert abs(free.drafting_s(64) - 64 * 20e-6) < 1e-12
+    assert view.drafting_s(8) == free.drafting_s(8)  # a batch view shares what was learned
+    frozen = FreeDraftCost(FixedCost(target_ms=7, draft_ms=2))  # a model that does not learn (a replay's)
+    frozen.observe(40, 800, 0.02, 8, 4, 1.0, batch_size=8)
+    assert frozen.drafting_s(8) == 0.0
