@@ -1,10 +1,17 @@
-"""The OpenAI-compatible HTTP front, a Ray Serve application.
+"""The OpenAI-compatible HTTP front: the same handlers served two ways.
 
-One FastAPI ingress deployment owns a `ClusterController` driven by a `Router` thread; the engine
-replicas are the cluster's `ReplicaActor`s, each running its own step loop on a thread of its own. A
-request's committed tokens arrive on the router thread (`on_token`) and cross to the handler's
-event loop through a per-request `asyncio.Queue`; each answer's tokens for a request leave as one
-SSE chunk. A client that goes away cancels its requests (its slot frees within a step).
+`Front` owns a `ClusterController` driven by a `Router` thread; the engine replicas are the
+cluster's `ReplicaActor`s, each running its own step loop on a thread of its own. A request's
+committed tokens arrive on the router thread (`on_token`) and cross to the handler's event loop
+through a per-request `asyncio.Queue`; each answer's tokens for a request leave as one SSE chunk.
+A client that goes away cancels its requests (its slot frees within a step).
+
+- `direct_app(front)`: a FastAPI app on `front`'s bound handlers, which `specdepth serve` runs under
+  uvicorn in its own process (the default front): a request crosses one process boundary, to the
+  replica actor.
+- `SpecdepthServer`: the same class as a Ray Serve ingress deployment (`--front serve`, and
+  `serve run experiments/serve_config.yaml`): Serve's proxy, then the ingress replica, then the
+  engine replica.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (HF pairs with a chat template),
 GET /v1/models, GET /health, GET /debug/replicas (replica pids, for fault tests).
@@ -67,15 +74,10 @@ class _Metrics:
             self.pending = None
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
-                  graceful_shutdown_timeout_s=30, graceful_shutdown_wait_loop_s=0.5,
-                  health_check_period_s=5)
-@serve.ingress(api)
-class SpecdepthServer:
-    """The ingress: checks requests, admits them (bounded), streams their committed text."""
+class Front:
+    """The HTTP handlers: check requests, admit them (bounded), stream their committed text."""
 
     def __init__(self, options: ServeOptions) -> None:
-        keep_replica_grpc_on_loopback()  # before Serve starts this replica's gRPC server
         self.opts = options
         self.tok = load_tokenizer(options.target)
         self.chat = chat_renderer(options.target)
@@ -109,24 +111,20 @@ class SpecdepthServer:
         return self.open + self.router.pending
 
     # ---- small endpoints --------------------------------------------------------------------
-    @api.get("/health")
     def health(self) -> JSONResponse:
         if self.router.error is not None:
             return JSONResponse({"status": "error", "error": self.router.error}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @api.get("/v1/models")
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.limits.model_name, "object": "model", "created": self.created,
                                             "owned_by": "specdepth", "max_model_len": self.limits.max_len}]}
 
-    @api.get("/debug/replicas")
     def replicas(self) -> list:
         return [{"replica": r.rid, "pid": r.pid, "alive": r.alive, "running": len(r.seqs), "failures": r.failures}
                 for r in list(self.router.cluster.replicas)]
 
     # ---- completions ------------------------------------------------------------------------
-    @api.post("/v1/completions")
     async def completions(self, http: HttpRequest) -> Any:
         try:
             body = await read_json(http)
@@ -134,7 +132,6 @@ class SpecdepthServer:
         except ApiError as e:
             return _error(e)
 
-    @api.post("/v1/chat/completions")
     async def chat_completions(self, http: HttpRequest) -> Any:
         try:
             body = await read_json(http)
@@ -197,6 +194,32 @@ class SpecdepthServer:
                 yield c
         finally:
             self.open -= 1
+
+
+ROUTES = (("GET", "/health", "health"), ("GET", "/v1/models", "models"), ("GET", "/debug/replicas", "replicas"),
+          ("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat_completions"))
+for _method, _path, _name in ROUTES:  # Serve's ingress binds these to the deployment's instance
+    api.add_api_route(_path, getattr(Front, _name), methods=[_method])
+
+
+def direct_app(front: Front) -> FastAPI:
+    """A FastAPI app on `front`'s handlers, to run in the process that holds it (uvicorn)."""
+    app = FastAPI(title="specdepth")
+    for method, path, name in ROUTES:
+        app.add_api_route(path, getattr(front, name), methods=[method])
+    return app
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
+                  graceful_shutdown_timeout_s=30, graceful_shutdown_wait_loop_s=0.5,
+                  health_check_period_s=5)
+@serve.ingress(api)
+class SpecdepthServer(Front):
+    """`Front` as a Ray Serve ingress replica."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        keep_replica_grpc_on_loopback()  # before Serve starts this replica's gRPC server
+        super().__init__(options)
 
 
 def build_app(args: Optional[dict] = None) -> Any:

@@ -160,12 +160,13 @@ class Server:
     """A `specdepth serve` subprocess on a free loopback port; stopped with SIGTERM."""
 
     def __init__(self, policy: str, cost_path: str, max_batch: int, stream_ms: float, drafter: str = "model",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, front: str = "direct") -> None:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "specdepth.experiments.cli.main", "serve", "--policy", policy,
                                       "--cost", cost_path, "--max-batch", str(max_batch), "--port", str(self.port),
-                                      "--threads", "1", "--stream-ms", str(stream_ms), "--drafter", drafter],
+                                      "--threads", "1", "--stream-ms", str(stream_ms), "--drafter", drafter,
+                                      "--front", front],
                                      stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 180
         while "Ctrl-C or SIGTERM" not in Path(self.log.name).read_text(errors="replace"):

@@ -1,13 +1,15 @@
-"""Ray Serve's request paths for `specdepth serve`, in paired rounds: which switch pays here.
+"""`specdepth serve`'s request paths, in paired rounds: its own front and Ray Serve's switches.
 
-    python -m specdepth.experiments.bench.serve_paths [--paths baseline,throughput] [--rounds 3]
+    python -m specdepth.experiments.bench.serve_paths [--paths direct,baseline] [--rounds 3]
         [--concurrency 1 8] [--policy off] [--new-tokens 32]
 
 Each round runs the in-process closed loop at each concurrency (the reference), then every path
 in a fresh shuffled order: a `specdepth serve` started with that path's environment, warmed, and
 the same streaming client loop as bench_serve. A path's figure is its served / in-process goodput
 and its TTFT p50 added over in-process, each the median over rounds with the lowest and highest.
-Listeners a path opens beyond loopback are counted (our rule: loopback unless --host says
+`direct` is `--front direct` (HTTP served by the `specdepth serve` process, the default); the others
+are `--front serve` (Ray Serve's proxy and ingress replica) under Ray 2.60's switches. Listeners a
+path opens beyond loopback are counted (our rule: loopback unless --host says
 otherwise); Ray 2.60's direct ingress and HAProxy bind every interface, so they are measured only
 with --paths naming them.
 """
@@ -27,13 +29,15 @@ from specdepth.experiments.bench.serve import Server, in_process, served
 from specdepth.experiments.cli.argtypes import positive_int
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
-PATHS: dict[str, dict[str, str]] = {
+PATHS: dict[str, dict[str, str]] = {  # the environment each path's server runs in
+    "direct": {},
     "baseline": {},
     # the router and user code on the main loop, gRPC between replicas; direct ingress off (it binds 0.0.0.0)
     "throughput": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"},
     "direct-ingress": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
+FRONT = {"direct": "direct"}  # `--front` of each path (others: serve)
 
 
 def open_listeners() -> set[tuple[str, int]]:
@@ -55,7 +59,7 @@ def open_listeners() -> set[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--paths", default="baseline,throughput", help=f"comma-separated, of {', '.join(PATHS)}")
+    ap.add_argument("--paths", default="direct,baseline", help=f"comma-separated, of {', '.join(PATHS)}")
     ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 8])
     ap.add_argument("--policy", default="off")
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 for c in args.concurrency}
         for path in rng.sample(paths, len(paths)):
             before = open_listeners()
-            srv = Server(args.policy, f.name, max(args.concurrency), args.stream_ms, args.drafter, env=PATHS[path])
+            srv = Server(args.policy, f.name, max(args.concurrency), args.stream_ms, args.drafter, env=PATHS[path],
+                         front=FRONT.get(path, "serve"))
             try:
                 listeners[path] = sorted(open_listeners() - before)
                 for c in args.concurrency:
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                              ["", "d", ".3f", "", ".1f", "", "d", "d"])],
             "notes": [f"policy {args.policy}@{args.drafter}, greedy, {args.new_tokens} tokens per request, "
                       f"max(16, 4 C) requests; one replica, --threads 1, --stream-ms {args.stream_ms:g}",
-                      "paths: " + "; ".join(f"{p}: {PATHS[p] or 'Ray defaults'}" for p in paths)],
+                      "paths: " + "; ".join(f"{p}: --front {FRONT.get(p, 'serve')}, {PATHS[p] or 'Ray defaults'}"
+                                            for p in paths)],
             "runs": runs, "listeners": {p: [list(x) for x in v] for p, v in listeners.items()}}, meta)
     Path(f.name).unlink()
     for row in rows:

@@ -4,7 +4,9 @@
     specdepth serve --target ./Qwen2.5-7B --draft ./Qwen2.5-0.5B --replicas 2 --port 8080
 
 Joins RAY_ADDRESS (an existing cluster) or starts an embedded local Ray that listens on 127.0.0.1
-only; the HTTP proxy binds --host (127.0.0.1 unless told otherwise). Prints one line with the URL
+only. The HTTP front binds --host (127.0.0.1 unless told otherwise): by default this process serves
+HTTP itself (`--front direct`: uvicorn, the router and the cluster's controller here, the engine
+replicas Ray actors); `--front serve` puts it behind Ray Serve's proxy and an ingress replica. Prints one line with the URL
 on stderr once the replicas are up; nothing goes to stdout. SIGINT or SIGTERM drains the requests
 in flight (up to 30 s), shuts Serve down, and stops the Ray it started. For an existing cluster,
 `serve run experiments/serve_config.yaml` deploys the same application.
@@ -36,7 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-depth", type=int_range(0, MAX_DEPTH_LIMIT), default=8, help="K: largest draft budget")
     p.add_argument("--cost", default="auto", help="cost model: auto (profile the pair once, cached), a profile "
                    "JSON, h200, fixed:target_ms=..,draft_ms=..")
-    p.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy binds (default loopback only)")
+    p.add_argument("--host", default="127.0.0.1", help="address the HTTP front binds (default loopback only)")
+    p.add_argument("--front", choices=("direct", "serve"), default="direct",
+                   help="who serves HTTP: this process (direct, one hop to the replicas) or Ray Serve's proxy "
+                        "and an ingress replica (serve)")
     p.add_argument("--port", type=int_range(1, 65535), default=8000)
     p.add_argument("--model-name", default=None,
                    help="the model name clients send (default: specdepth-bundled, or the target's name)")
@@ -116,14 +121,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if started:
             _check_resources(ray, opts.replicas)
+        if args.front == "direct":
+            return _run_direct(args, opts, stop, ready)
         quiet = {"log_level": "WARNING"}
         serve.start(http_options={"host": args.host, "port": args.port}, logging_config=quiet)
         serve.run(SpecdepthServer.bind(opts), name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet)
         ready.set()
-        shown = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"specdepth serve: {opts.name} on http://{shown}:{args.port}/v1 "
-              f"({opts.replicas} replica{'s' * (opts.replicas > 1)}, policy {opts.policy}); "
-              "Ctrl-C or SIGTERM to stop", file=sys.stderr, flush=True)
+        _say_ready(args, opts)
         while not stop.wait(0.5):
             pass
         print("specdepth serve: draining and shutting down", file=sys.stderr, flush=True)
@@ -132,9 +136,62 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM else h)
-        _shutdown(serve, ray, started)
+        if args.front == "serve":
+            _shutdown(serve, ray, started)
+        elif started:
+            ray.shutdown()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _say_ready(args: argparse.Namespace, opts) -> None:
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"specdepth serve: {opts.name} on http://{shown}:{args.port}/v1 "
+          f"({opts.replicas} replica{'s' * (opts.replicas > 1)}, policy {opts.policy}); "
+          "Ctrl-C or SIGTERM to stop", file=sys.stderr, flush=True)
+
+
+def _run_direct(args: argparse.Namespace, opts, stop: threading.Event, ready: threading.Event) -> int:
+    """Serve HTTP from this process: uvicorn's loop on a thread, the `Front` (router, cluster) here."""
+    import asyncio
+
+    import uvicorn
+
+    from specdepth.adaptive.serving.app import Front, direct_app
+
+    front = Front(opts)
+    server = uvicorn.Server(uvicorn.Config(direct_app(front), host=args.host, port=args.port, log_level="warning",
+                                           lifespan="off", access_log=False))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), name="http", daemon=True)
+    try:
+        thread.start()
+        while not server.started:  # bound and listening, or failed to
+            if not thread.is_alive():
+                raise ValueError(f"--host {args.host} --port {args.port}: the HTTP server did not start")
+            if stop.wait(0.05):
+                break
+        ready.set()
+        if not stop.is_set():
+            _say_ready(args, opts)
+        while not stop.wait(0.5):
+            if not thread.is_alive():
+                print("specdepth serve: the HTTP server stopped", file=sys.stderr, flush=True)
+                return 1
+        print("specdepth serve: draining and shutting down", file=sys.stderr, flush=True)
+        try:
+            left = asyncio.run_coroutine_threadsafe(front.drain(DRAIN_S), loop).result(DRAIN_S + 10)
+        except Exception as e:  # noqa: BLE001 - shutting down regardless
+            print(f"specdepth serve: drain: {type(e).__name__}: {e}", file=sys.stderr)
+            left = 0
+        if left:
+            print(f"specdepth serve: {left} requests still running after {DRAIN_S:.0f} s; cutting them",
+                  file=sys.stderr)
+        return 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        front.router.stop()
 
 
 def _check_resources(ray, replicas: int) -> None:
