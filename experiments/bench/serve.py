@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdepth.experiments.cli.serve import STREAM_MS
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 from specdepth.workers.drafters.names import DRAFTER_NAMES
 
@@ -188,7 +189,7 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=["off", "static:k=2", "dspark"])
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default max(16, 4 x C))")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--stream-ms", type=float, default=20.0, help="the server's --stream-ms")
+    ap.add_argument("--stream-ms", type=float, default=STREAM_MS, help="the server's --stream-ms")
     ap.add_argument("--drafter", choices=DRAFTER_NAMES, default="model", help="what drafts, both paths")
     ap.add_argument("--out", default=str(default_out("bench_serve")), help="result JSON (RESULTS.md reads it)")
     args = ap.parse_args()

@@ -27,6 +27,7 @@ import torch
 
 from specdepth.experiments.bench.serve import Server, in_process, served
 from specdepth.experiments.cli.argtypes import positive_int
+from specdepth.experiments.cli.serve import STREAM_MS
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
 PATHS: dict[str, dict[str, str]] = {  # the environment each path's server runs in
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="off")
     ap.add_argument("--drafter", default="suffix")
     ap.add_argument("--new-tokens", type=positive_int, default=32)
-    ap.add_argument("--stream-ms", type=float, default=20.0)
+    ap.add_argument("--stream-ms", type=float, default=STREAM_MS, help="the servers' --stream-ms")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=default_out("bench_serve_paths"))
     args = ap.parse_args(argv)

@@ -27,6 +27,7 @@ from specdepth.experiments.cli.generate import MAX_DEPTH_LIMIT, add_compile_arg,
 
 APP_NAME = "specdepth"
 DRAIN_S = 30.0  # how long SIGINT/SIGTERM waits for requests in flight
+STREAM_MS = 50.0  # --stream-ms (ServeOptions.stream_s)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: specdepth-bundled, or the target's name)")
     p.add_argument("--max-queue", type=positive_int, default=None,
                    help="requests admitted at once; beyond it 429 (default 4 x replicas x max-batch)")
-    p.add_argument("--stream-ms", type=float_range(0.0), default=20.0,
+    p.add_argument("--stream-ms", type=float_range(0.0), default=STREAM_MS,
                    help="a replica sends committed tokens at most this often (first tokens and finishes at once)")
     p.add_argument("--temperature", type=float_range(0.0), default=0.0,
                    help="the replicas' sampling temperature, for every request (0 = greedy)")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 
 from specdepth.experiments.cli.argtypes import positive_int
+from specdepth.experiments.cli.serve import STREAM_MS
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
 HERE = Path(__file__).resolve().parent
@@ -191,7 +192,7 @@ def run_served(args, pair, venv: Path, target: Path, draft: Path, work: Path, th
                                                              args.served_tokens, drafter or "model"))
         finally:
             torch.set_num_threads(threads)
-        srv = Server(policy, str(cost_path), max(conc), 20.0, drafter or "model")
+        srv = Server(policy, str(cost_path), max(conc), STREAM_MS, drafter or "model")
         try:
             served(srv.port, prompts[:2], 1, 2, 4)
             for C in conc:
