@@ -308,6 +308,8 @@ class Controller:
                     free: Optional[np.ndarray] = None) -> np.ndarray:
         """(B, J) the acceptance model's calibrated confidences now, 0 past each drafted length;
         `free` (B,) bool rows are calibrated by the model-free rows' own model (hybrid)."""
+        if not top1.any():  # nothing drafted (a plain step): every confidence is 0, no model asked
+            return np.zeros(np.shape(top1))
         conf = self.acceptance.calibrate(seq_ids, top1, entropy) * (top1 > 0)
         if free is not None:
             conf[free] = self.acceptance_free.calibrate(seq_ids[free], top1[free], entropy[free]) * (top1[free] > 0)

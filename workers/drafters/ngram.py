@@ -52,8 +52,8 @@ class NgramDrafter:
     def add(self, slots: list[int], seqs: list[list[int]]) -> None:
         for slot, toks in zip(slots, seqs):
             n_sizes = self.n_max - self.n_min + 1
-            self.index[slot] = idx = _Index(0, [{} for _ in range(n_sizes)], [{} for _ in range(n_sizes)])
-            self._extend(idx, toks)
+            # indexed at its first proposal (`propose`): a sequence that never drafts costs nothing
+            self.index[slot] = _Index(0, [{} for _ in range(n_sizes)], [{} for _ in range(n_sizes)])
 
     def commit(self, slot: int, n_committed: int) -> None:
         return None  # committed tokens only grow; `propose` indexes the new ones

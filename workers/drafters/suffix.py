@@ -2,7 +2,9 @@
 
 Two indexes of patterns -> where they occurred: one per sequence over its prompt and output so
 far, one global over the outputs of earlier sequences (bounded to `max_cached` tokens, oldest
-dropped first). To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
+dropped first). A sequence's index is built when it first drafts (its prompt, whole) and catches up when it next
+drafts (on the latest CATCH_UP_TOKENS committed since, at most): one that never drafts costs
+nothing. To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
 matched at the lengths in MATCH_LENGTHS) is looked up in each index; from its occurrences the
 draft walks the most frequent next token (the latest on a tie), keeping the occurrences that
 agree, exactly as a walk down a suffix tree. It stops where the estimated probability of the
@@ -25,6 +27,10 @@ from specdepth.workers.drafters.base import Proposal, fixed_proposal
 from specdepth.workers.drafting import KeepFn
 
 MATCH_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths indexed and matched
+# a sequence's own index catches up lazily, when it next drafts, on at most this many of the tokens
+# committed since (the latest): ~7 us a token here, so a row back from 80 plain steps costs 0.2 ms
+# instead of 0.6, and batch 64 14 ms instead of 120; the older ones stay out of its index
+CATCH_UP_TOKENS = 32
 SEP = -1  # between documents of the global index
 
 
@@ -124,8 +130,7 @@ class SuffixDrafter:
     # ---- sequences ----------------------------------------------------------------------------
     def add(self, slots: list[int], seqs: list[list[int]]) -> None:
         for slot, toks in zip(slots, seqs):
-            self.local[slot] = idx = _Index()
-            idx.extend(list(toks), self.lengths)
+            self.local[slot] = _Index()  # its prompt is indexed at its first proposal (`propose`)
             self.prompt_len[slot] = len(toks)
 
     def commit(self, slot: int, n_committed: int) -> None:
@@ -162,6 +167,10 @@ class SuffixDrafter:
         for r in np.flatnonzero(budgets > 0).tolist():
             slot = int(slots[r])
             idx, seq = self.local[slot], seqs[slot]
+            if len(idx.toks) < self.prompt_len[slot]:  # the first proposal: the whole prompt
+                idx.extend(seq[len(idx.toks):self.prompt_len[slot]], self.lengths)
+            if len(seq) - len(idx.toks) > CATCH_UP_TOKENS:  # kept as text, not indexed
+                idx.toks.extend(seq[len(idx.toks):len(seq) - CATCH_UP_TOKENS])
             if len(idx.toks) < len(seq):
                 idx.extend(seq[len(idx.toks):], self.lengths)
             ctx = seq[-self.lengths[-1]:]

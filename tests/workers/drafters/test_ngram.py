@@ -48,6 +48,7 @@ def test_index_follows_committed_tokens_and_slots_are_independent():
     d = NgramDrafter(ngram_max=2)
     seqs = {0: [1, 2, 3], 1: [4, 4, 4]}
     d.add([0, 1], [seqs[0], seqs[1]])
+    assert all(idx.seen == 0 for idx in d.index.values())  # indexed at the first proposal, not before
     p = d.propose(seqs, np.array([0, 1]), np.array([2, 2]), None)
     assert p.drafted.drafted.tolist() == [0, 2] and p.tokens[1, :2].tolist() == [4, 4]
     seqs[0] += [1, 2, 3, 1]  # committed by steps: indexed at the next proposal

@@ -85,3 +85,24 @@ def test_the_higher_scoring_index_wins():
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError, match="max_depth"):
         SuffixDrafter(**kw)
+
+
+def test_a_long_lag_is_caught_up_on_its_latest_tokens_only():
+    """A sequence's prompt is indexed at its first proposal; tokens committed while it did not
+    draft when it next drafts, the latest CATCH_UP_TOKENS of them: a pattern older than that in
+    the gap is not found, a recent one is."""
+    from specdepth.workers.drafters.suffix import CATCH_UP_TOKENS
+    prompt = [1, 2, 3]
+    old = [40, 41, 42, 43, 44]  # committed early in the spell
+    filler = list(range(100, 100 + CATCH_UP_TOKENS + 10))  # pushes `old` out of the catch-up
+    recent = [60, 61, 62, 63, 64]
+    seq = prompt + old + filler + recent + filler[:2]
+    d = drafter(prompt)
+    assert d.local[0].toks == [] and d.local[0].where == {}  # nothing indexed before its first proposal
+    assert propose(d, seq + [40, 41], 4)[0] == []  # "40 41" fell in the unindexed part of the gap
+    assert d.local[0].toks == seq + [40, 41]  # the text is all kept
+    d = drafter(prompt)
+    assert propose(d, seq + [60, 61], 4)[0] == [62, 63]  # "60 61" was recent: indexed
+    d = drafter(prompt)
+    d.propose({0: seq[:20]}, np.array([0]), np.array([4]), None)  # drafting all along: nothing skipped
+    assert propose(d, seq + [40, 41], 4)[0] == [42, 43]
