@@ -280,6 +280,8 @@ class Controller:
 
     def verify_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray):
         def verify(top1: np.ndarray, entropy: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+            if not np.any(drafted):  # nothing drafted (a plain step): nothing to verify, nothing to ask
+                return drafted
             conf = self._calibrated(step, seq_ids, top1, entropy)  # (B, J)
             self._state(step).shown_conf = conf
             if not self._causal or not self._verifies(step):
