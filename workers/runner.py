@@ -169,7 +169,8 @@ class PairRunner:
             prop = self.drafter.propose(self.seqs, slots, budgets, keep_fn)
         tokens, qprobs, dr = prop.tokens, prop.qprobs, prop.drafted
         drafted, top1, ent, keep_s = dr.drafted, dr.top1, dr.entropy, dr.keep_s
-        self.last_draft_tokens = tokens.cpu().numpy()  # for tests only (the negative control); policies never see it
+        # (B, J) on the host: the greedy verdict reads it (tests' negative controls too); policies never see it
+        self.last_draft_tokens = tokens.cpu().numpy()
         t1 = time.perf_counter()
         verify = drafted.copy() if verify_fn is None else np.asarray(verify_fn(top1, ent, drafted), np.int64)
         verify = free_verify(verify, drafted)  # clamped, and the padding's positions verified (padding.py)
@@ -184,12 +185,13 @@ class PairRunner:
         logits = self.target_pass(self.tcache, seq_t, inp, d_t + 1)  # (B, D + 1, V)
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
-        target_s = time.perf_counter() - t_fwd
         t_sample = time.perf_counter()
+        target_s = t_sample - t_fwd
         failed = self._check_finite(logits, verify + 1, "target")
         rows = self.step_rows
         if rows is not None and rows.all_greedy or rows is None and self.sampling.greedy:
-            accepted, out = greedy_verify(self.last_draft_tokens[:, :D], logits.argmax(-1).cpu().numpy(), verify)
+            accepted, out = greedy_verify(self.last_draft_tokens[:, :D], logits.argmax(-1).cpu().numpy(),
+                                          verify)  # (B,), (B, D + 1)
         else:
             q = None if qprobs is None else qprobs[:, :D]
             if rows is not None:  # each row at its own settings (workers/row_sampling.py)

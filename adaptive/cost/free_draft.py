@@ -38,7 +38,7 @@ class FreeDraftCost(CostModel):
 
     def __init__(self, inner: CostModel, _rows: _RowTime | None = None) -> None:
         if isinstance(inner, FreeDraftCost):
-            inner, _rows = inner.inner, _rows or inner._rows
+            inner, _rows = inner.inner, inner._rows if _rows is None else _rows
         self.inner = inner
         self._rows = _rows if _rows is not None else _RowTime()
 

@@ -38,8 +38,8 @@ DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=4@ngram", "static:k
 SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),
-    "time": re.compile(r"time: prefill ([0-9.]+) s, draft ([0-9.]+) s, target ([0-9.]+) s, sampling ([0-9.]+) s, commit ([0-9.]+) s, "
-                       r"controller ([0-9.]+) s, rest ([0-9.]+) s"),
+    "time": re.compile(r"time: prefill ([0-9.]+) s, draft ([0-9.]+) s, target ([0-9.]+) s, "
+                       r"sampling ([0-9.]+) s, commit ([0-9.]+) s, controller ([0-9.]+) s, rest ([0-9.]+) s"),
     "cost_err": re.compile(r"cost model: whole-step time predicted within ([0-9.]+)%"),
 }
 SPLIT = ("prefill", "draft", "target", "sample", "commit", "control", "rest")  # the summary's time split, in its order
@@ -82,7 +82,8 @@ def run_generate(prompts: list[str], variant: str, batch: int, tokens: int, extr
     split = dict(zip(SPLIT, map(float, SUMMARY["time"].search(out.stderr).groups())))
     err = SUMMARY["cost_err"].search(out.stderr)
     return {"tps": float(tps), "steps": int(steps), "acc": float(SUMMARY["acc"].search(out.stderr).group(1)),
-            **{f"{k}_s": v for k, v in split.items()}, "process_s": wall, "cost_err": float(err.group(1)) / 100 if err else None,
+            **{f"{k}_s": v for k, v in split.items()}, "process_s": wall,
+            "cost_err": float(err.group(1)) / 100 if err else None,
             "tokens": len(prompts) * tokens}
 
 
@@ -101,8 +102,6 @@ def summarise(runs: list[dict], variants: list[str]) -> tuple[list[dict], list[l
                          "acc": float(np.median([r["acc"] for r in mine])),
                          "ratio": float(np.median(ratios)) if ratios else None,
                          "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
-                         "draft_share": float(np.median([r["draft_s"] / max(r["tokens"] / r["tps"], 1e-9)
-                                                         for r in mine])),
                          "cost_err": _median([r.get("cost_err") for r in mine]),
                          "split": {k: float(np.median([r[f"{k}_s"] / max(r["tokens"] / r["tps"], 1e-9) for r in mine]))
                                    for k in SPLIT}})

@@ -6,10 +6,10 @@
 Joins RAY_ADDRESS (an existing cluster) or starts an embedded local Ray that listens on 127.0.0.1
 only. The HTTP front binds --host (127.0.0.1 unless told otherwise): by default this process serves
 HTTP itself (`--front direct`: uvicorn, the router and the cluster's controller here, the engine
-replicas Ray actors); `--front serve` puts it behind Ray Serve's proxy and an ingress replica. Prints one line with the URL
-on stderr once the replicas are up; nothing goes to stdout. SIGINT or SIGTERM drains the requests
-in flight (up to 30 s), shuts Serve down, and stops the Ray it started. For an existing cluster,
-`serve run experiments/serve_config.yaml` deploys the same application.
+replicas Ray actors); `--front serve` puts it behind Ray Serve's proxy and an ingress replica.
+Prints one line with the URL on stderr once the replicas are up; nothing goes to stdout. SIGINT or
+SIGTERM drains the requests in flight (up to 30 s), stops the front, and stops the Ray it started.
+For an existing cluster, `serve run experiments/serve_config.yaml` deploys the same application.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Two indexes of patterns -> where they occurred: one per sequence over its prompt and output so
 far, one global over the outputs of earlier sequences (bounded to `max_cached` tokens, oldest
-dropped first). A sequence's index is built when it first drafts (its prompt, whole) and catches up when it next
-drafts (on the latest CATCH_UP_TOKENS committed since, at most): one that never drafts costs
-nothing. To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
+dropped first). A sequence's index is built when it first drafts (its prompt, whole) and catches
+up when it next drafts (on the latest CATCH_UP_TOKENS committed since, at most): one that never
+drafts costs nothing. To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
 matched at the lengths in MATCH_LENGTHS) is looked up in each index; from its occurrences the
 draft walks the most frequent next token (the latest on a tie), keeping the occurrences that
 agree, exactly as a walk down a suffix tree. It stops where the estimated probability of the
