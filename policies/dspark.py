@@ -41,6 +41,7 @@ from specdepth.policies.dspark_closing import Pace, plain_rows
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
 from specdepth.policies.dspark_rail import Rail
+from specdepth.policies.dspark_spell import Spell
 from specdepth.policies.kernels import keep_kernel, plan_kernel, raised
 from specdepth.policies.verify_columns import VerifyColumns
 
@@ -72,18 +73,20 @@ class DSpark(DepthPolicy):
             ones (policies/dspark_rail.py; live only).
         closing: in a closing run, step plain the sequences expected to finish by the slowest
             one anyway (policies/dspark_closing.py).
+        spell: after plans that draft nothing, skip planning for a doubling number of steps
+            (policies/dspark_spell.py; live only).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
                                            "probe": True, "weigh_verify": True, "follow_plan": True,
-                                           "catch_up": True, "rail": True, "closing": True}
+                                           "catch_up": True, "rail": True, "closing": True, "spell": True}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
                  probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True,
-                 catch_up: bool = True, rail: bool = True, closing: bool = True) -> None:
+                 catch_up: bool = True, rail: bool = True, closing: bool = True, spell: bool = True) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -101,9 +104,11 @@ class DSpark(DepthPolicy):
         self.catch_up = bool(catch_up)
         self.rail = bool(rail)
         self.closing = bool(closing)
+        self.spell = bool(spell)
         self._closing_plain: tuple[int, np.ndarray] = (-1, np.zeros(0, bool))  # (step, (B,) rows stepped plain)
         self._pace = Pace()  # each sequence's tokens a step while allowed to draft (for closing runs)
         self._rail = Rail()  # speculating against plain steps, as measured (live only)
+        self._spell = Spell()  # plans skipped while the plan keeps drafting nothing (live only)
         self._measure = SelfMeasure(self.weigh_asks)  # the gates' measures and this step's choices
         self._draft_lag = DraftLag()  # tokens each draft cache lacks (live only)
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns`
@@ -134,10 +139,11 @@ class DSpark(DepthPolicy):
         m = self._measure
         if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx)):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
-            self._plan_ctx, self._plan_key, self._cost_learns = ctx, None, ctx.cost_learns
-            self._passes, m.last_ids = (ctx.step, 0), ctx.seq_ids
-            self._plain_step = ctx.step
-            return np.zeros(B, np.int64)
+            return self._plain(ctx)
+        if self.spell and ctx.cost_learns and self._spell.holds(ctx) \
+                and not (self.probe and m.bucket(B).tries.count_unless_due()):  # a due try plans
+            self._spell.skipped += 1  # the last plans drafted nothing: nor does this one
+            return self._plain(ctx)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         budgets, deepest = self._budgets(ctx, prices)
         if deepest > 0 and prices.draft_all == 0.0:  # a free draft (model-free drafter): draft to K, verify decides
@@ -149,6 +155,7 @@ class DSpark(DepthPolicy):
             deepest = int(budgets.max(initial=0))
             self._closing_plain = (ctx.step, plain)
         bucket = m.bucket(B)
+        wanted = deepest > 0  # the allocation's answer, before a probe or a try
         tried = False  # a plan of nothing drafted one deep: drafted as it is, nothing asked
         if self.probe and ctx.cost_learns:
             if deepest > 0 and m.probes_now(bucket, ctx, budgets, int(deepest), prices, self.price_draft):
@@ -173,7 +180,16 @@ class DSpark(DepthPolicy):
         self._plan_ctx, self._plan_key, self._cost_learns = ctx, prices.key, ctx.cost_learns
         self._passes = (ctx.step, int(deepest))
         m.last_ids = ctx.seq_ids
+        if self.spell and ctx.cost_learns:
+            self._spell.planned(ctx, wanted or tried)
         return budgets
+
+    def _plain(self, ctx: PlanContext) -> np.ndarray:
+        """A step that drafts nothing, unplanned (the rail, or a plain spell)."""
+        self._plan_ctx, self._plan_key, self._cost_learns = ctx, None, ctx.cost_learns
+        self._passes, self._measure.last_ids = (ctx.step, 0), ctx.seq_ids
+        self._plain_step = ctx.step
+        return np.zeros(ctx.batch_size, np.int64)
 
     def _plain_goodput(self, ctx: PlanContext) -> float:
         """Tokens/s of a step that drafts nothing, as the cost model predicts it (the rail's reference

@@ -73,6 +73,13 @@ class Spacing:
         self.wait = 0
         return True
 
+    def count_unless_due(self) -> bool:
+        """A step without a plan counts as a plan, unless it would be the due one: True then."""
+        if self.wait + 1 >= self.every:
+            return True
+        self.wait += 1
+        return False
+
     def hold(self) -> None:
         """A due probe was not made this plan: due again at the next."""
         self.wait, self.held = self.every - 1, self.held + 1

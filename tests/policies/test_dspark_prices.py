@@ -71,7 +71,7 @@ def test_a_plan_after_a_spell_of_off_prices_the_draft_s_catch_up() -> None:
     ids = np.arange(4)
 
     def plan_after_off(spell: int, prior: float, learns: bool = True) -> np.ndarray:
-        policy = DSpark(probe=False)
+        policy = DSpark(probe=False, spell=False)  # every step planned (not a plain spell's skips)
         for step in range(spell):  # steps of `off`: every sequence's cache falls one token behind
             policy.plan(replace(make_plan_ctx(4, step=step, prior_conf=0.0, cost=cost), cost_learns=learns))
             z, zc = np.zeros(4, np.int64), np.zeros((4, 1))

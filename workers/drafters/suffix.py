@@ -1,11 +1,11 @@
 """Suffix drafting (SuffixDecoding, arXiv 2411.04975; vLLM's and Arctic Inference's `suffix`).
 
-Two indexes of patterns -> where they occurred: one per sequence over its prompt and output so
-far, one global over the outputs of earlier sequences (bounded to `max_cached` tokens, oldest
-dropped first). A sequence's index is built when it first drafts (its prompt, whole) and catches
-up when it next drafts (on the latest CATCH_UP_TOKENS committed since, at most): one that never
-drafts costs nothing. To draft, the longest recent suffix of the sequence (up to `max_depth` tokens,
-matched at the lengths in MATCH_LENGTHS) is looked up in each index; from its occurrences the
+Two sources of patterns: the sequence's own prompt and output so far, scanned when it drafts
+(`match_kernels`: no index to build or keep up, so a sequence that never drafts costs nothing),
+and a global index of patterns -> where they occurred over the outputs of earlier sequences
+(bounded to `max_cached` tokens, oldest dropped first). To draft, the longest recent suffix of
+the sequence (up to `max_depth` tokens, matched at the lengths in MATCH_LENGTHS) is found in
+each; from its occurrences the
 draft walks the most frequent next token (the latest on a tie), keeping the occurrences that
 agree, exactly as a walk down a suffix tree. It stops where the estimated probability of the
 whole draft so far, occurrences that agree / occurrences matched, falls below `min_prob`, or
@@ -24,13 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdepth.workers.drafters.base import Proposal, fixed_proposal
+from specdepth.workers.drafters.match_kernels import local_draft
 from specdepth.workers.drafting import KeepFn
 
 MATCH_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths indexed and matched
-# a sequence's own index catches up lazily, when it next drafts, on at most this many of the tokens
-# committed since (the latest): ~7 us a token here, so a row back from 80 plain steps costs 0.2 ms
-# instead of 0.6, and batch 64 14 ms instead of 120; the older ones stay out of its index
-CATCH_UP_TOKENS = 32
 SEP = -1  # between documents of the global index
 
 
@@ -55,6 +52,21 @@ class _Index:
                 if SEP in key:
                     break
                 self.where.setdefault(key, []).append(t)
+
+
+@dataclass
+class _Tokens:
+    """A sequence's committed tokens as far as its last proposal, in a growing int64 buffer."""
+    buf: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
+    n: int = 0
+
+    def sync(self, seq: list[int]) -> None:
+        if len(seq) > len(self.buf):
+            self.buf = np.concatenate([self.buf[:self.n], np.zeros(max(len(seq), 2 * len(self.buf)) - self.n,
+                                                                   np.int64)])
+        if self.n < len(seq):
+            self.buf[self.n:len(seq)] = seq[self.n:]
+            self.n = len(seq)
 
 
 @dataclass
@@ -122,7 +134,8 @@ class SuffixDrafter:
         self.lengths = tuple(n for n in MATCH_LENGTHS if n <= max_depth)
         self.min_prob, self.spec_factor, self.max_cached = min_prob, spec_factor, max_cached
         self.device = "cpu" if runner is None else runner.device
-        self.local: dict[int, _Index] = {}
+        self.lengths_arr = np.array(self.lengths, np.int64)
+        self.local: dict[int, _Tokens] = {}
         self.prompt_len: dict[int, int] = {}
         self.outputs: list[list[int]] = []  # the global index's documents, oldest first
         self.glob = _Index()
@@ -130,19 +143,19 @@ class SuffixDrafter:
     # ---- sequences ----------------------------------------------------------------------------
     def add(self, slots: list[int], seqs: list[list[int]]) -> None:
         for slot, toks in zip(slots, seqs):
-            self.local[slot] = _Index()  # its prompt is indexed at its first proposal (`propose`)
+            self.local[slot] = _Tokens()  # filled at its proposals (`propose`)
             self.prompt_len[slot] = len(toks)
 
     def commit(self, slot: int, n_committed: int) -> None:
         return None  # committed tokens only grow; `propose` indexes the new ones
 
     def remove(self, slot: int) -> None:
-        """The sequence's output (what it indexed of it) joins the global index."""
-        idx = self.local.pop(slot, None)
+        """The sequence's output (as far as its last proposal) joins the global index."""
+        own = self.local.pop(slot, None)
         start = self.prompt_len.pop(slot, 0)
-        if idx is None or self.max_cached == 0 or len(idx.toks) <= start:
+        if own is None or self.max_cached == 0 or own.n <= start:
             return
-        out = idx.toks[start:][-(self.max_cached - 1):] if self.max_cached > 1 else []
+        out = own.buf[start:own.n][-(self.max_cached - 1):].tolist() if self.max_cached > 1 else []
         self.outputs.append(out)
         if len(self.glob.toks) + len(out) + 1 <= self.max_cached:
             self.glob.extend(out + [SEP], self.lengths)
@@ -166,17 +179,14 @@ class SuffixDrafter:
         drafts = {}
         for r in np.flatnonzero(budgets > 0).tolist():
             slot = int(slots[r])
-            idx, seq = self.local[slot], seqs[slot]
-            if len(idx.toks) < self.prompt_len[slot]:  # the first proposal: the whole prompt
-                idx.extend(seq[len(idx.toks):self.prompt_len[slot]], self.lengths)
-            if len(seq) - len(idx.toks) > CATCH_UP_TOKENS:  # kept as text, not indexed
-                idx.toks.extend(seq[len(idx.toks):len(seq) - CATCH_UP_TOKENS])
-            if len(idx.toks) < len(seq):
-                idx.extend(seq[len(idx.toks):], self.lengths)
-            ctx = seq[-self.lengths[-1]:]
+            own, seq, budget = self.local[slot], seqs[slot], int(budgets[r])
+            own.sync(seq)
             best = None
-            for index in (idx, self.glob):
-                d = walk(index, ctx, self.lengths, int(budgets[r]), self.min_prob, self.spec_factor)
+            hit = local_draft(own.buf, own.n, self.lengths_arr, budget, self.min_prob, self.spec_factor)
+            if hit is not None:
+                best = _Draft(*hit)
+            if self.glob.where:
+                d = walk(self.glob, seq[-self.lengths[-1]:], self.lengths, budget, self.min_prob, self.spec_factor)
                 if d is not None and (best is None or d.score > best.score):
                     best = d
             if best is not None:

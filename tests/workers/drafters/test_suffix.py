@@ -87,22 +87,18 @@ def test_bad_settings_are_refused(kw):
         SuffixDrafter(**kw)
 
 
-def test_a_long_lag_is_caught_up_on_its_latest_tokens_only():
-    """A sequence's prompt is indexed at its first proposal; tokens committed while it did not
-    draft when it next drafts, the latest CATCH_UP_TOKENS of them: a pattern older than that in
-    the gap is not found, a recent one is."""
-    from specdepth.workers.drafters.suffix import CATCH_UP_TOKENS
+def test_a_long_plain_spell_costs_nothing_and_loses_nothing():
+    """A sequence's own text is scanned when it drafts: nothing is kept before its first
+    proposal, and after a spell without drafting every earlier pattern is found, as if it had
+    drafted all along."""
     prompt = [1, 2, 3]
-    old = [40, 41, 42, 43, 44]  # committed early in the spell
-    filler = list(range(100, 100 + CATCH_UP_TOKENS + 10))  # pushes `old` out of the catch-up
-    recent = [60, 61, 62, 63, 64]
-    seq = prompt + old + filler + recent + filler[:2]
+    filler = list(range(100, 200))
+    seq = prompt + [40, 41, 42, 43, 44] + filler + [60, 61, 62, 63, 64] + filler[:2]
     d = drafter(prompt)
-    assert d.local[0].toks == [] and d.local[0].where == {}  # nothing indexed before its first proposal
-    assert propose(d, seq + [40, 41], 4)[0] == []  # "40 41" fell in the unindexed part of the gap
-    assert d.local[0].toks == seq + [40, 41]  # the text is all kept
+    assert d.local[0].n == 0  # nothing kept before its first proposal
+    assert propose(d, seq + [40, 41], 4)[0] == [42, 43]  # an old pattern, from before the spell
+    assert d.local[0].buf[:d.local[0].n].tolist() == seq + [40, 41]
     d = drafter(prompt)
-    assert propose(d, seq + [60, 61], 4)[0] == [62, 63]  # "60 61" was recent: indexed
-    d = drafter(prompt)
-    d.propose({0: seq[:20]}, np.array([0]), np.array([4]), None)  # drafting all along: nothing skipped
+    d.propose({0: seq[:20]}, np.array([0]), np.array([4]), None)  # drafting all along: the same
     assert propose(d, seq + [40, 41], 4)[0] == [42, 43]
+    assert propose(d, seq + [40, 41, 42, 43, 44, 60, 61], 4)[0] == [62, 63]
