@@ -141,7 +141,8 @@ class DSpark(DepthPolicy):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             return self._plain(ctx)
         if self.spell and ctx.cost_learns and self._spell.holds(ctx) \
-                and not (self.probe and m.bucket(B).tries.count_unless_due()):  # a due try plans
+                and not (self.probe and not (self.closing and ctx.closing is not None)
+                         and m.bucket(B).tries.count_unless_due()):  # a due try plans (none while closing)
             self._spell.skipped += 1  # the last plans drafted nothing: nor does this one
             return self._plain(ctx)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)

@@ -74,11 +74,16 @@ class Spacing:
         return True
 
     def count_unless_due(self) -> bool:
-        """A step without a plan counts as a plan, unless it would be the due one: True then."""
-        if self.wait + 1 >= self.every:
-            return True
-        self.wait += 1
-        return False
+        """A plain step without a plan, its batch unchanged since the last plan, counts as a plan of
+        nothing: True where it must be planned (a try is due). A due try already waiting for a
+        newcomer (`hold`) waits on: an unchanged batch has none."""
+        if self.wait + 1 < self.every:
+            self.wait += 1
+            return False
+        if 0 < self.held < PROBE_EVERY:
+            self.hold()
+            return False
+        return True
 
     def hold(self) -> None:
         """A due probe was not made this plan: due again at the next."""

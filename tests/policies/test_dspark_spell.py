@@ -45,6 +45,8 @@ def test_a_new_batch_or_a_closing_run_plans_at_once():
     assert 13 in changed and 26 in changed and 39 in changed  # a newcomer: planned the step it joins
     closing = planned_steps(DSpark(probe=False), 40, closing_from=23)
     assert 23 in closing and 23 not in planned_steps(DSpark(probe=False), 40)
+    # a closing run makes no tries: nothing due ends its spells (with probes and tries on)
+    assert len(planned_steps(DSpark(), 80, closing_from=0)) == len(planned_steps(DSpark(probe=False), 80)) < 12
 
 
 def test_a_spell_counts_toward_tries_and_a_due_try_ends_it():

@@ -51,6 +51,25 @@ class Drafter(Protocol):
 
 
 
+class TokenBuffer:
+    """A sequence's committed tokens as far as its last proposal, in a growing int64 buffer (for
+    the compiled matching of workers/drafters/match_kernels.py)."""
+
+    def __init__(self) -> None:
+        self.buf = np.zeros(256, np.int64)
+        self.n = 0
+
+    def sync(self, seq: list[int]) -> None:
+        """Append the tokens of `seq` (which extends what is held) past the first n."""
+        if len(seq) > len(self.buf):
+            grown = np.zeros(max(len(seq), 2 * len(self.buf)), np.int64)
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        if self.n < len(seq):
+            self.buf[self.n:len(seq)] = seq[self.n:]
+            self.n = len(seq)
+
+
 def fixed_proposal(drafts: dict[int, tuple[list[int], list[float], list[float]]], budgets: np.ndarray,
                    keep_fn: KeepFn | None, device: str | torch.device = "cpu") -> Proposal:
     """The proposal of a drafter that makes each row's whole draft at once (a model-free one):

@@ -113,3 +113,60 @@ def local_draft(toks: np.ndarray, n: int, lengths: np.ndarray, budget: int, min_
     out_tok, out_top1 = np.empty(budget, np.int64), np.empty(budget)
     j, score = walk_tokens(toks, n, occ, match, budget, min_prob, spec_factor, out_tok, out_top1)
     return (out_tok[:j].tolist(), out_top1[:j].tolist(), match, score) if j else None
+
+
+@njit(cache=True)
+def _ngram_next(toks: np.ndarray, n: int, ctx: np.ndarray, c: int, n_min: int, n_max: int,
+                vals: np.ndarray) -> tuple[int, int, int, int]:
+    """The n-gram drafter's next token after ctx[:c] from toks[:n] (`ngram.NgramDrafter.lookup`'s
+    rule on an index of toks[:n]): (token, its count, occurrences, suffix length); length 0: none."""
+    for size in range(min(n_max, c), n_min - 1, -1):
+        m = 0
+        for t in range(size, n):
+            i = 0
+            while i < size and toks[t - size + i] == ctx[c - size + i]:
+                i += 1
+            if i == size:
+                vals[m] = toks[t]  # in order of t: the continuations as the index counted them
+                m += 1
+        if m == 0:
+            continue
+        latest = vals[m - 1]
+        order = np.argsort(vals[:m], kind="mergesort")  # equal tokens together, first occurrence first
+        best, top, top_first, top_tok = 0, 0, m, 0
+        i = 0
+        while i < m:
+            tok, first, cnt = vals[order[i]], order[i], 0
+            while i < m and vals[order[i]] == tok:
+                cnt += 1
+                i += 1
+            if tok == latest:
+                best = cnt
+            if cnt > top or (cnt == top and first < top_first):
+                top, top_first, top_tok = cnt, first, tok
+        # the index keeps continuations in order of first occurrence, and a strictly higher count
+        # than the latest's replaces it: the first in that order among the most frequent
+        best_tok = latest
+        if top > best:
+            best_tok, best = top_tok, top
+        return best_tok, best, m, size
+    return 0, 0, 0, 0
+
+
+@njit(cache=True)
+def ngram_draft(toks: np.ndarray, n: int, n_min: int, n_max: int, budget: int, out_tok: np.ndarray,
+                out_top1: np.ndarray, out_ent: np.ndarray) -> int:
+    """Up to `budget` tokens continuing toks[:n], each the n-gram drafter's lookup on toks[:n]
+    after the committed tokens and the ones drafted before it; returns how many."""
+    ctx = np.empty(n_max + budget, np.int64)
+    c = min(n, n_max)
+    ctx[:c] = toks[n - c:n]
+    vals = np.empty(max(n, 1), np.int64)
+    for j in range(budget):
+        tok, cnt, total, size = _ngram_next(toks, n, ctx, c, n_min, n_max, vals)
+        if size == 0:
+            return j
+        out_tok[j], out_top1[j], out_ent[j] = tok, cnt / (total + 1.0), 1.0 / size
+        ctx[c] = tok
+        c += 1
+    return budget

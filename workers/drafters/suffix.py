@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdepth.workers.drafters.base import Proposal, fixed_proposal
+from specdepth.workers.drafters.base import Proposal, TokenBuffer, fixed_proposal
 from specdepth.workers.drafters.match_kernels import local_draft
 from specdepth.workers.drafting import KeepFn
 
@@ -52,21 +52,6 @@ class _Index:
                 if SEP in key:
                     break
                 self.where.setdefault(key, []).append(t)
-
-
-@dataclass
-class _Tokens:
-    """A sequence's committed tokens as far as its last proposal, in a growing int64 buffer."""
-    buf: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
-    n: int = 0
-
-    def sync(self, seq: list[int]) -> None:
-        if len(seq) > len(self.buf):
-            self.buf = np.concatenate([self.buf[:self.n], np.zeros(max(len(seq), 2 * len(self.buf)) - self.n,
-                                                                   np.int64)])
-        if self.n < len(seq):
-            self.buf[self.n:len(seq)] = seq[self.n:]
-            self.n = len(seq)
 
 
 @dataclass
@@ -135,7 +120,7 @@ class SuffixDrafter:
         self.min_prob, self.spec_factor, self.max_cached = min_prob, spec_factor, max_cached
         self.device = "cpu" if runner is None else runner.device
         self.lengths_arr = np.array(self.lengths, np.int64)
-        self.local: dict[int, _Tokens] = {}
+        self.local: dict[int, TokenBuffer] = {}
         self.prompt_len: dict[int, int] = {}
         self.outputs: list[list[int]] = []  # the global index's documents, oldest first
         self.glob = _Index()
@@ -143,7 +128,7 @@ class SuffixDrafter:
     # ---- sequences ----------------------------------------------------------------------------
     def add(self, slots: list[int], seqs: list[list[int]]) -> None:
         for slot, toks in zip(slots, seqs):
-            self.local[slot] = _Tokens()  # filled at its proposals (`propose`)
+            self.local[slot] = TokenBuffer()  # filled at its proposals (`propose`)
             self.prompt_len[slot] = len(toks)
 
     def commit(self, slot: int, n_committed: int) -> None:
