@@ -21,7 +21,8 @@ DESIGN.md "Allocation"):
 Whether a step drafts dynamically, asks `verify`, or probes the cost model is measured on the
 policy's own steps, not predicted (policies/dspark_gates.py); so is whether speculating pays at
 all against not speculating (the rail, policies/dspark_rail.py). In a closing run, only the
-sequences that decide when it ends draft (policies/dspark_closing.py).
+sequences that decide when it ends draft (policies/dspark_closing.py). After plans that draft
+nothing, the next steps go plain unplanned for a doubling while (policies/dspark_spell.py).
 
 The controller asks `verify` causally, once per position j with columns 1..j; each answer is the
 allocation of the columns shown, and equals a fresh instance's (`VerifyColumns` checks before it
