@@ -141,10 +141,7 @@ class DSpark(DepthPolicy):
         if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx)):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             return self._plain(ctx)
-        if self.spell and ctx.cost_learns and self._spell.holds(ctx) \
-                and not (self.probe and not (self.closing and ctx.closing is not None)
-                         and m.bucket(B).tries.count_unless_due()):  # a due try plans (none while closing)
-            self._spell.skipped += 1  # the last plans drafted nothing: nor does this one
+        if self._in_spell(ctx):  # the last plans drafted nothing: nor does this one
             return self._plain(ctx)
         prices = self._prices_for(ctx.step, ctx.cost, self._context_tokens(ctx.context_lens), B, K)
         budgets, deepest = self._budgets(ctx, prices)
@@ -185,6 +182,17 @@ class DSpark(DepthPolicy):
         if self.spell and ctx.cost_learns:
             self._spell.planned(ctx, wanted or tried)
         return budgets
+
+    def _in_spell(self, ctx: PlanContext) -> bool:
+        """Whether this step goes plain unplanned (policies/dspark_spell.py): live, within a spell,
+        and no try due (the skipped plans count toward the tries' spacing; a closing run makes none)."""
+        if not (self.spell and ctx.cost_learns and self._spell.holds(ctx)):
+            return False
+        closing = self.closing and ctx.closing is not None
+        if self.probe and not closing and self._measure.bucket(ctx.batch_size).tries.count_unless_due():
+            return False
+        self._spell.skipped += 1
+        return True
 
     def _plain(self, ctx: PlanContext) -> np.ndarray:
         """A step that drafts nothing, unplanned (the rail, or a plain spell)."""

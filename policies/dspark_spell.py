@@ -27,14 +27,12 @@ class Spell:
         self.length = 0  # the current spell's length (0: none)
         self.closing = False  # whether the run was closing at the last plan
         self.ids = np.zeros(0, np.int64)  # (B,) the batch at the last plan
-        self.skipped = 0  # plans skipped, over the run
+        self.skipped = 0  # plans skipped, over the run (counted by the policy)
 
     def holds(self, ctx: PlanContext) -> bool:
         """Whether `ctx`'s step is plain without a plan."""
-        if self.length == 0 or ctx.step >= self.until or (ctx.closing is not None) != self.closing \
-                or not np.array_equal(ctx.seq_ids, self.ids):
-            return False
-        return True
+        return self.length > 0 and ctx.step < self.until and (ctx.closing is not None) == self.closing \
+            and np.array_equal(ctx.seq_ids, self.ids)
 
     def planned(self, ctx: PlanContext, drafts: bool) -> None:
         """A plan was made at `ctx`'s step; `drafts`: it drafts for some sequence."""

@@ -1,4 +1,4 @@
-"""Compiled suffix matching over one sequence's own tokens (numba), for the suffix drafter.
+"""Compiled matching over one sequence's own tokens (numba), for the suffix and n-gram drafters.
 
 A sequence's own text is matched by scanning it, not through an index: one pass finds, for every
 earlier position, how many tokens before it agree with the sequence's end. A scan of a few hundred
@@ -9,6 +9,8 @@ first proposal for the whole prompt).
 Exactness: `local_draft` gives the answers of `suffix.walk` on an index of the same tokens, with
 no separator, bit for bit (tests/workers/drafters/test_match_kernels.py compares them on random
 cases): the same occurrences in the same order, the same tie rule, the same float divisions.
+`ngram_draft` gives those of the n-gram rule on an index of n-gram counts (tests/workers/drafters/
+test_ngram.py, on random cases).
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ Two sources of patterns: the sequence's own prompt and output so far, scanned wh
 and a global index of patterns -> where they occurred over the outputs of earlier sequences
 (bounded to `max_cached` tokens, oldest dropped first). To draft, the longest recent suffix of
 the sequence (up to `max_depth` tokens, matched at the lengths in MATCH_LENGTHS) is found in
-each; from its occurrences the
-draft walks the most frequent next token (the latest on a tie), keeping the occurrences that
-agree, exactly as a walk down a suffix tree. It stops where the estimated probability of the
-whole draft so far, occurrences that agree / occurrences matched, falls below `min_prob`, or
-past `spec_factor` x the matched length. Of the two indexes' drafts the one with the higher
-score (the sum of those probabilities, its expected accepted tokens) is proposed.
+each; from its occurrences the draft walks the most frequent next token (the latest on a tie),
+keeping the occurrences that agree, exactly as a walk down a suffix tree. It stops where the
+estimated probability of the whole draft so far, occurrences that agree / occurrences matched,
+falls below `min_prob`, or past `spec_factor` x the matched length. Of the two sources' drafts
+the one with the higher score (the sum of those probabilities, its expected accepted tokens) is
+proposed.
 
 The proposal is a function of the prefix (and of finished sequences), so q is one-hot.
 Features: `top1` = agreeing / (matched + 1) occurrences at that position, `entropy` = 1 / the
@@ -132,7 +132,7 @@ class SuffixDrafter:
             self.prompt_len[slot] = len(toks)
 
     def commit(self, slot: int, n_committed: int) -> None:
-        return None  # committed tokens only grow; `propose` indexes the new ones
+        return None  # committed tokens only grow; `propose` reads the new ones
 
     def remove(self, slot: int) -> None:
         """The sequence's output (as far as its last proposal) joins the global index."""
