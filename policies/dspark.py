@@ -22,7 +22,10 @@ Whether a step drafts dynamically, asks `verify`, or probes the cost model is me
 policy's own steps, not predicted (policies/dspark_gates.py); so is whether speculating pays at
 all against not speculating (the rail, policies/dspark_rail.py). In a closing run, only the
 sequences that decide when it ends draft (policies/dspark_closing.py). After plans that draft
-nothing, the next steps go plain unplanned for a doubling while (policies/dspark_spell.py).
+nothing, the next steps go plain unplanned for a doubling while (policies/dspark_spell.py). With
+`jump`, a step that verifies any draft pays a jump over a plain one (a ragged pass), measured on
+the run's steps (policies/dspark_jump.py): plans price it, and a model-free draft is verified only
+where it pays for it.
 
 The controller asks `verify` causally, once per position j with columns 1..j; each answer is the
 allocation of the columns shown, and equals a fresh instance's (`VerifyColumns` checks before it
@@ -37,10 +40,12 @@ import numpy as np
 
 from specdepth.policies.base import (ChooseContext, DepthPolicy, DraftContext, PlanContext, StepCost, StepOutcome,
                                     VerifyContext)
+from specdepth.policies.allocation import unit
 from specdepth.policies.dspark_choose import choose_free
 from specdepth.policies.dspark_closing import Pace, plain_rows
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
+from specdepth.policies.dspark_jump import Jump, near, pays
 from specdepth.policies.dspark_rail import Rail
 from specdepth.policies.dspark_spell import Spell
 from specdepth.policies.kernels import keep_kernel, plan_kernel, raised
@@ -76,18 +81,23 @@ class DSpark(DepthPolicy):
             one anyway (policies/dspark_closing.py).
         spell: after plans that draft nothing, skip planning for a doubling number of steps
             (policies/dspark_spell.py; live only).
+        jump: price the jump in a step's time from plain to verifying a draft, as measured on the
+            run's steps (policies/dspark_jump.py; live only; off by default: a refused draft
+            teaches the calibration nothing, which stalls it on prose at batch 1).
     """
 
     name: ClassVar[str] = "dspark"
     params: ClassVar[dict[str, object]] = {"margin": 0.0, "price_draft": True, "context_aware": True,
                                            "dynamic": True, "streak": 0.5, "lookahead": 1, "weigh_asks": True,
                                            "probe": True, "weigh_verify": True, "follow_plan": True,
-                                           "catch_up": True, "rail": True, "closing": True, "spell": True}
+                                           "catch_up": True, "rail": True, "closing": True, "spell": True,
+                                           "jump": False}
 
     def __init__(self, margin: float = 0.0, price_draft: bool = True, context_aware: bool = True,
                  dynamic: bool = True, streak: float = 0.5, lookahead: int = 1, weigh_asks: bool = True,
                  probe: bool = True, weigh_verify: bool = True, follow_plan: bool = True,
-                 catch_up: bool = True, rail: bool = True, closing: bool = True, spell: bool = True) -> None:
+                 catch_up: bool = True, rail: bool = True, closing: bool = True, spell: bool = True,
+                 jump: bool = False) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"{self.name}: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
@@ -106,10 +116,12 @@ class DSpark(DepthPolicy):
         self.rail = bool(rail)
         self.closing = bool(closing)
         self.spell = bool(spell)
+        self.jump = bool(jump)
         self._closing_plain: tuple[int, np.ndarray] = (-1, np.zeros(0, bool))  # (step, (B,) rows stepped plain)
         self._pace = Pace()  # each sequence's tokens a step while allowed to draft (for closing runs)
         self._rail = Rail()  # speculating against plain steps, as measured (live only)
         self._spell = Spell()  # plans skipped while the plan keeps drafting nothing (live only)
+        self._jump = Jump()  # a step's extra time for verifying any draft, over a plain step (live only)
         self._measure = SelfMeasure(self.weigh_asks)  # the gates' measures and this step's choices
         self._draft_lag = DraftLag()  # tokens each draft cache lacks (live only)
         self._cost_learns = False  # the last plan's `PlanContext.cost_learns`
@@ -217,12 +229,17 @@ class DSpark(DepthPolicy):
         # a model-free draft's proposing, as measured live: paid once by a plan that drafts at all
         free = ctx.cost.drafting_s(ctx.batch_size) if self.price_draft and ctx.cost_learns \
             and hasattr(ctx.cost, "drafting_s") else 0.0
+        free += self._jump_s(ctx.batch_size, ctx.cost_learns)  # and the jump to verifying at all
         budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free)
         if deepest > 0 and self.catch_up and ctx.cost_learns and self._draft_lag.most > CATCH_UP_USUAL:
             first = self._draft_lag.catch_up_s(ctx, budgets > 0, prices.context) / CATCH_UP_STEPS
             if first > 0.0:  # a plan that drafts nothing pays none
                 budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free + first)
         return budgets, deepest
+
+    def _jump_s(self, batch_size: int, cost_learns: bool) -> float:
+        """Seconds a step pays for verifying any draft over a plain step, as measured (0: not priced)."""
+        return self._jump.seconds(batch_size) if self.jump and self.price_draft and cost_learns else 0.0
 
     def verifies(self, step: int) -> bool:
         return step == self._plain_step or step != self._measure.skip_verify_step
@@ -235,9 +252,33 @@ class DSpark(DepthPolicy):
                            int(np.sum(out.accepted)) + out.batch_size, out.prev_step_s)
         if self.closing:
             self._pace.observe(out.seq_ids, out.budgets, out.accepted, out.finished)
-        if self.catch_up and self._cost_learns:
+        pc = self._plan_ctx
+        free = pc is not None and hasattr(pc.cost, "drafting_s")  # a model-free drafter: no draft cache lags
+        if self.catch_up and self._cost_learns and not free:
             self._draft_lag.track(out)
+        if self.jump and self._cost_learns:
+            self._jump.observe(out.step, out.batch_size, *self._priced(out), out.prev_step_s)
+        if self.jump and self.spell and self._cost_learns and pc is not None and pc.step == out.step \
+                and np.any(out.drafted > 0) and not np.any(out.verified > 0):
+            self._spell.verified_nothing(pc)
         self._measure.observe(out, self._prices, self._plan_ctx, self._cost_learns)
+
+    def _priced(self, out: StepOutcome) -> tuple[int, float]:
+        """(N, the price of the step's N tokens and, where it drafted, of proposing), for the
+        jump's measure; price -1 where the step does not teach it (more than near plain, or not
+        planned here)."""
+        pc, B = self._plan_ctx, out.batch_size
+        n = B + int(np.sum(out.verified))
+        if pc is None or pc.step != out.step or not near(B, n) or n == B and self._jump.plain_known(B, out.step):
+            return n, -1.0
+        p = self._prices
+        if p is not None and p.key == self._plan_key and p.cost is pc.cost and n < p.target.size:
+            price = float(p.target[n])  # the plan's table
+        else:
+            price = float(pc.cost.target_time(n, self._context_tokens(pc.context_lens)))
+        if n > B and hasattr(pc.cost, "drafting_s"):
+            price += pc.cost.drafting_s(B)  # priced apart (`_budgets`): not the jump's
+        return n, price
 
     # ---- choose_drafter (the hybrid drafter) ----------------------------------------------------------
 
@@ -290,7 +331,7 @@ class DSpark(DepthPolicy):
         self._depth = max(self._depth, j)  # a table too short for a step grows (`VerifyColumns`)
         passes = self._passes[1] if self._passes[0] == ctx.step else 0  # no plan this step: unknown
         p = self._prices_for(ctx.step, cost, context, n, max(self._depth, passes))
-        sunk = passes * p.draft_all  # (see the module docstring)
+        sunk = passes * p.draft_all + self._whole_jump_s(ctx)  # (see the module docstring)
         times, more = p.target[n:], (lambda k: p.target_at(n + k))  # each + sunk, where read
         a = self._alloc
         if a is not None and a.n_seq == n and a.margin == self.margin:
@@ -315,4 +356,28 @@ class DSpark(DepthPolicy):
             a = self._start(ctx, j)
             ans = a.answer(conf, drafted, lens)
         self._depth = max(self._depth, a.j)
-        return ans.copy()
+        ans = ans.copy()
+        jump = self._whole_jump_s(ctx)
+        if jump > 0.0 and ans.any() and not self._pays_jump(ctx, conf, ans, jump):
+            ans[:] = 0  # what it would admit does not pay for verifying at all
+        return ans
+
+    def _whole_jump_s(self, ctx: VerifyContext) -> float:
+        """The jump, where `verify` is asked once for a model-free draft's every column: its
+        columns are functions of the prefix, so weighing them all together stays lossless."""
+        return self._jump_s(len(ctx.seq_ids), self._cost_learns) if hasattr(ctx.cost, "drafting_s") else 0.0
+
+    def _pays_jump(self, ctx: VerifyContext, conf: np.ndarray, lengths: np.ndarray, jump: float) -> bool:
+        """Whether verifying `lengths` (B,) of the draft, its expected tokens against its time with
+        the jump, beats the plain step."""
+        n, j = conf.shape
+        survival = np.cumprod(unit(conf), axis=1)  # (B, j)
+        tau = n + float(survival[np.arange(j)[None, :] < lengths[:, None]].sum())
+        p = self._prices
+        N = n + int(lengths.sum())
+        if p is not None and p.key[0] == ctx.step and p.key[2] == n and p.cost is ctx.cost and N < p.target.size:
+            t_plain, t_spec = float(p.target[n]), float(p.target[N])
+        else:
+            context = self._context_tokens(ctx.context_lens)
+            t_plain, t_spec = (float(ctx.cost.target_time(x, context)) for x in (n, N))
+        return pays(tau, n, t_spec + jump, t_plain)

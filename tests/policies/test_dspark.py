@@ -226,7 +226,7 @@ def test_parameters_and_registry() -> None:
     assert isinstance(policy, DSpark) and policy.margin == 0.05 and policy.context_aware is False
     assert policy.describe() == ("dspark(margin=0.05, price_draft=True, context_aware=False, dynamic=True, "
                                  "streak=0.5, lookahead=1, weigh_asks=True, probe=True, weigh_verify=True, "
-                                 "follow_plan=True, catch_up=True, rail=True, closing=True, spell=True)")
+                                 "follow_plan=True, catch_up=True, rail=True, closing=True, spell=True, jump=False)")
     with pytest.raises(ValueError, match="lookahead"):
         DSpark(lookahead=0)
     assert make_policy("dspark:lookahead=8").lookahead == 8
