@@ -24,22 +24,17 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from specdepth.workers.cache import cache_dir  # noqa: F401 -- also imported from here
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer, apply_rope
 
 MODES = ("auto", "on", "off")
 SPAN_STEP = {"cpu": 64, "cuda": 256}  # attention spans are rounded up to a multiple of this
-
-
-def cache_dir() -> Path:
-    """specdepth's cache directory: SPECDEPTH_CACHE, else ~/.cache/specdepth."""
-    return Path(os.environ.get("SPECDEPTH_CACHE", Path.home() / ".cache" / "specdepth"))
 
 
 def configure(device: torch.device) -> None:

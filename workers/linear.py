@@ -5,10 +5,12 @@ one. On a GPU that is the memory-bound regime. On CPU, PyTorch's default fp32 GE
 token as a matrix-vector product, but 2..64 tokens as a general GEMM that is slow at such small
 sizes. On the bundled target (2-core AMD EPYC) a pass over 2 tokens cost 1.36x a pass over one,
 and over 4 tokens 1.67x. oneDNN's matmul on weights packed once into its blocked layout barely
-depends on the token count there: 1.05x at 2 tokens, 1.14x at 4. So inference on CPU takes that
-path for 2..SMALL_M_MAX rows and keeps the default for one row (a matrix-vector product, faster
-than oneDNN there), for larger batches (where the two are about even), for weights too small
-to gain (all of the draft's but its LM head) and for weights too large to copy.
+depends on the token count there: 1.05x at 2 tokens, 1.14x at 4. So inference on CPU may take
+that path for 2..SMALL_M_MAX rows, where it is faster on this machine (timed once per weight
+shape and row bucket, workers/linear_choice.py: on other CPUs the default wins), and keeps the
+default for one row (a matrix-vector product, faster than oneDNN there), for larger batches
+(where the two are about even), for weights too small to gain (all of the draft's but its LM
+head) and for weights too large to copy.
 
 The choice changes only rounding: both paths compute x @ W.T + b in fp32. Training (autograd on),
 other devices and other dtypes use `F.linear`, and so does any build whose oneDNN ops are missing
@@ -20,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from specdepth.workers import linear_choice
 
 SMALL_M_MAX = 64  # most rows through oneDNN; past that the two paths are even
 MIN_WEIGHT = 1 << 18  # fewest weight elements: oneDNN's fixed cost a call outweighs its gain on smaller ones
@@ -50,16 +54,28 @@ class Linear(nn.Linear):
 
     _packed: torch.Tensor | None = None
     _packed_of: tuple[int, int] = (-1, -1)  # (data_ptr, version) of the weight that was packed
+    _pays: dict[tuple[int, int, int], bool] | None = None  # (out, in, rows) -> packed, as decided
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         m = x.numel() // x.shape[-1]  # rows
         if (2 <= m <= SMALL_M_MAX and MIN_WEIGHT <= w.numel() <= MAX_WEIGHT and not torch.is_grad_enabled()
-                and w.device.type == "cpu" and w.dtype == torch.float32 == x.dtype and available()):
+                and w.device.type == "cpu" and w.dtype == torch.float32 == x.dtype and available()
+                and self._packed_pays(m)):
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, -1), self._packed_weight(), self.bias,
                                                    "none", [], "")  # (m, out)
             return y.view(*x.shape[:-1], -1)
         return F.linear(x, w, self.bias)
+
+    def _packed_pays(self, m: int) -> bool:
+        """This machine's answer for m rows through this weight (`linear_choice`), kept per layer."""
+        key = (*self.weight.shape, m)
+        if self._pays is None:
+            self._pays = {}
+        hit = self._pays.get(key)
+        if hit is None:
+            hit = self._pays[key] = linear_choice.packed_pays(key[0], key[1], m)
+        return hit
 
     def _apply(self, fn, recurse: bool = True):
         # .to(), .half(), ... may swap the weight's data in place, keeping its version, and a new
@@ -72,6 +88,7 @@ class Linear(nn.Linear):
         state = dict(super().__getstate__())
         state.pop("_packed", None)
         state.pop("_packed_of", None)
+        state.pop("_pays", None)
         return state
 
     def _packed_weight(self) -> torch.Tensor:
@@ -83,3 +100,14 @@ class Linear(nn.Linear):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
             self._packed_of = key
         return self._packed
+
+
+def signature(*models: nn.Module) -> str:
+    """The few-row path answers these models' linears run on (`linear_choice.signature`), or
+    "default" where none can take the packed path: part of a cost profile's cache key."""
+    shapes = {tuple(m.weight.shape) for model in models for m in model.modules()
+              if isinstance(m, Linear) and MIN_WEIGHT <= m.weight.numel() <= MAX_WEIGHT
+              and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32}
+    if not shapes or not available():
+        return "default"
+    return linear_choice.signature(shapes)

@@ -213,12 +213,14 @@ class ClusterController:
 
     def profiled_cost(self) -> Any:
         """Replica 0's pair profiled on the path it serves, once: cached under specdepth's cache
-        directory (SPECDEPTH_CACHE or ~/.cache/specdepth), keyed by the pair, device and path."""
+        directory (SPECDEPTH_CACHE or ~/.cache/specdepth), keyed by the pair, device, path and the
+        machine's few-row linear answers (workers/linear_choice.py)."""
         from specdepth.adaptive.cost.model import CostModel, load_cost
         from specdepth.workers.compiled import cache_dir
         info = self.infos[0]
         name = info["name"].replace("/", "_").replace("|", "__")
-        path = cache_dir() / f"profile-v7-{name}-{info['device']}-compile-{self.config.replica.compile}.json"
+        path = cache_dir() / (f"profile-v7-{name}-{info['device']}-compile-{self.config.replica.compile}"
+                              f"-linear-{info.get('linear', 'default')}.json")
         if not path.exists():
             log.warning("profiling the pair on %s (once; cached at %s) ...", info["device"], path)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from specdepth.adaptive.acceptance.model import AcceptanceModel
 from specdepth.adaptive.controller import Controller
 from specdepth.adaptive.engine import Engine, EngineStats, Request, RequestOutput
 from specdepth.workers.drafters.registry import drafter_options
+from specdepth.workers.linear import signature as linear_signature
 from specdepth.workers.pair_spec import PairSpec, resolve_device
 from specdepth.workers.runner import PairRunner
 from specdepth.workers.sampler import SamplingParams
@@ -162,7 +163,8 @@ class Replica:
                 "device_name": torch.cuda.get_device_name() if self.device.startswith("cuda") else "cpu",
                 "name": self.name, "eos_ids": self.eos_ids, "max_len": r.max_len,
                 "vocab_size": r.vocab_size, "n_slots": r.n_slots, "max_depth": r.max_depth,
-                "target_params": r.target.num_params(), "draft_params": r.draft.num_params()}
+                "target_params": r.target.num_params(), "draft_params": r.draft.num_params(),
+                "linear": linear_signature(r.target, r.draft)}
 
     def ping(self, payload: Any = None) -> Any:
         """Echo (for measuring the bare round trip)."""

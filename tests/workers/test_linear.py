@@ -16,6 +16,13 @@ from specdepth.workers.model import ModelConfig, Transformer
 needs_onednn = pytest.mark.skipif(not workers.linear.available(), reason="this torch build has no oneDNN linear")
 
 
+@pytest.fixture(autouse=True)
+def packed_where_allowed(monkeypatch):
+    """These tests check the packed path itself: forced wherever a layer may take it (whether it
+    pays on this machine is `linear_choice`'s, tested in test_linear_choice.py)."""
+    monkeypatch.setenv("SPECDEPTH_LINEAR", "packed")
+
+
 def _layer(n_in: int = 384, n_out: int = 1024, bias: bool = False) -> Linear:
     torch.manual_seed(0)
     return Linear(n_in, n_out, bias=bias)
