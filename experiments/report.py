@@ -91,6 +91,12 @@ SECTIONS: tuple[Section, ...] = (
             "dspark with the default drafter is from off, with the spread that prompt sets bring.",
             "python -m specdepth.experiments.bench.cold --batches 1 --kinds code --rounds 10 "
             "--variant dspark@suffix --variant static:k=8@suffix --out experiments/results/bench_cold_batch1.json"),
+    Section("bench_cold_pays", "Cold runs at batch 1 and 16, over more rounds",
+            "As above, eight rounds at batch 1 and 16 on both prompt kinds: dspark with the default drafter, "
+            "with its opt-in jump pricing, and the best static depth of the same drafter.",
+            "python -m specdepth.experiments.bench.cold --batches 1,16 --rounds 8 --variant off "
+            "--variant dspark@suffix --variant static:k=8@suffix --variant dspark:jump=true@suffix "
+            "--out experiments/results/bench_cold_pays.json"),
     Section("bench_drafters", "Model-free drafters on the target's own outputs",
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
             "(exact acceptance, requests one after another), and its propose call timed at batch 64.",

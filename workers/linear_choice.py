@@ -8,9 +8,9 @@ default), and speculation, which lives on passes of a few tokens, paid less than
 
 So each (weight shape, row bucket) is timed on first use, the two paths alternated, and the packed
 path is taken only where it is faster by PACKED_MARGIN. The answers are kept per machine (CPU
-model, torch version, threads) under specdepth's cache directory, so a run decides nothing anew,
-and `signature` names them in the cost profile's cache key: a profile taken on one choice
-misprices the other. SPECDEPTH_LINEAR=packed or =default forces one path everywhere.
+model and flags, torch version, threads) under specdepth's cache directory, so a run decides
+nothing anew, and `signature` names them in the cost profile's cache key: a profile taken on one
+choice misprices the other. SPECDEPTH_LINEAR=packed or =default forces one path everywhere.
 """
 
 from __future__ import annotations
@@ -50,10 +50,14 @@ def row_bucket(rows: int) -> int:
 
 
 def _machine() -> str:
+    """The CPU (model name and a digest of its feature flags: clouds name different hosts alike),
+    torch's version and its threads."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        cpu = f"{info.get('model name', cpu)}|{hashlib.sha1(info.get('flags', '').encode()).hexdigest()[:8]}"
     except OSError:
         pass
     return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
