@@ -82,8 +82,9 @@ class DSpark(DepthPolicy):
         spell: after plans that draft nothing, skip planning for a doubling number of steps
             (policies/dspark_spell.py; live only).
         jump: price the jump in a step's time from plain to verifying a draft, as measured on the
-            run's steps (policies/dspark_jump.py; live only; off by default: a refused draft
-            teaches the calibration nothing, which stalls it on prose at batch 1).
+            run's steps (policies/dspark_jump.py; live only). Off by default: no gain measured
+            beyond the noise, and a refused draft teaches the calibration nothing (where the jump
+            was large, prose at batch 1 stalled plain).
     """
 
     name: ClassVar[str] = "dspark"
