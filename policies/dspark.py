@@ -52,6 +52,12 @@ from specdepth.policies.kernels import keep_kernel, plan_kernel, raised
 from specdepth.policies.verify_columns import VerifyColumns
 
 
+def _free_draft(cost: StepCost) -> bool:
+    """Whether `cost` prices a model-free drafter's step (`FreeDraftCost`: no draft pass, proposing
+    learned as `drafting_s`)."""
+    return hasattr(cost, "drafting_s")
+
+
 class DSpark(DepthPolicy):
     """Ours: calibrated survivals, global sort with early stop, draft depth priced, context-aware cost.
 
@@ -229,7 +235,7 @@ class DSpark(DepthPolicy):
         pass_time = prices.draft_all if self.price_draft else 0.0
         # a model-free draft's proposing, as measured live: paid once by a plan that drafts at all
         free = ctx.cost.drafting_s(ctx.batch_size) if self.price_draft and ctx.cost_learns \
-            and hasattr(ctx.cost, "drafting_s") else 0.0
+            and _free_draft(ctx.cost) else 0.0
         free += self._jump_s(ctx.batch_size, ctx.cost_learns)  # and the jump to verifying at all
         budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free)
         if deepest > 0 and self.catch_up and ctx.cost_learns and self._draft_lag.most > CATCH_UP_USUAL:
@@ -254,8 +260,8 @@ class DSpark(DepthPolicy):
         if self.closing:
             self._pace.observe(out.seq_ids, out.budgets, out.accepted, out.finished)
         pc = self._plan_ctx
-        free = pc is not None and hasattr(pc.cost, "drafting_s")  # a model-free drafter: no draft cache lags
-        if self.catch_up and self._cost_learns and not free:
+        lags = pc is None or not _free_draft(pc.cost)  # a model-free drafter has no draft cache to lag
+        if self.catch_up and self._cost_learns and lags:
             self._draft_lag.track(out)
         if self.jump and self._cost_learns:
             self._jump.observe(out.step, out.batch_size, *self._priced(out), out.prev_step_s)
@@ -277,7 +283,7 @@ class DSpark(DepthPolicy):
             price = float(p.target[n])  # the plan's table
         else:
             price = float(pc.cost.target_time(n, self._context_tokens(pc.context_lens)))
-        if n > B and hasattr(pc.cost, "drafting_s"):
+        if n > B and _free_draft(pc.cost):
             price += pc.cost.drafting_s(B)  # priced apart (`_budgets`): not the jump's
         return n, price
 
@@ -366,7 +372,7 @@ class DSpark(DepthPolicy):
     def _whole_jump_s(self, ctx: VerifyContext) -> float:
         """The jump, where `verify` is asked once for a model-free draft's every column: its
         columns are functions of the prefix, so weighing them all together stays lossless."""
-        return self._jump_s(len(ctx.seq_ids), self._cost_learns) if hasattr(ctx.cost, "drafting_s") else 0.0
+        return self._jump_s(len(ctx.seq_ids), self._cost_learns) if _free_draft(ctx.cost) else 0.0
 
     def _pays_jump(self, ctx: VerifyContext, conf: np.ndarray, lengths: np.ndarray, jump: float) -> bool:
         """Whether verifying `lengths` (B,) of the draft, its expected tokens against its time with

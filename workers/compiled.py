@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from specdepth.workers.cache import cache_dir  # noqa: F401 -- also imported from here
+from specdepth.workers.cache import cache_dir
 from specdepth.workers.kv_cache import KVCache
 from specdepth.workers.model import Transformer, apply_rope
 

@@ -54,7 +54,7 @@ class Linear(nn.Linear):
 
     _packed: torch.Tensor | None = None
     _packed_of: tuple[int, int] = (-1, -1)  # (data_ptr, version) of the weight that was packed
-    _pays: dict[tuple[int, int, int], bool] | None = None  # (out, in, rows) -> packed, as decided
+    _pays: dict[int, bool] | None = None  # rows -> packed, as decided for this weight's shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -69,12 +69,12 @@ class Linear(nn.Linear):
 
     def _packed_pays(self, m: int) -> bool:
         """This machine's answer for m rows through this weight (`linear_choice`), kept per layer."""
-        key = (*self.weight.shape, m)
         if self._pays is None:
             self._pays = {}
-        hit = self._pays.get(key)
+        hit = self._pays.get(m)
         if hit is None:
-            hit = self._pays[key] = linear_choice.packed_pays(key[0], key[1], m)
+            n_out, n_in = self.weight.shape
+            hit = self._pays[m] = linear_choice.packed_pays(n_out, n_in, m)
         return hit
 
     def _apply(self, fn, recurse: bool = True):

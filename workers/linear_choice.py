@@ -33,7 +33,8 @@ REPEATS = 15  # timed calls of each path per answer, alternated (medians compare
 MODES = ("auto", "packed", "default")
 
 _choices: dict[str, bool] | None = None  # "out x in @ rows" -> packed, this machine's
-_file: Path | None = None
+_file: Path | None = None  # where they are kept
+_machine_name = ""  # the machine they were measured on (`_machine`)
 
 
 def mode() -> str:
@@ -64,9 +65,9 @@ def _machine() -> str:
 
 
 def _load() -> dict[str, bool]:
-    global _choices, _file
+    global _choices, _file, _machine_name
     if _choices is None:
-        machine = _machine()
+        _machine_name = machine = _machine()
         _file = cache_dir() / f"linear-v1-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
         try:
             saved = json.loads(_file.read_text())
@@ -82,7 +83,7 @@ def _save() -> None:
     try:
         _file.parent.mkdir(parents=True, exist_ok=True)
         tmp = _file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"machine": _machine(), "choices": _choices}, sort_keys=True))
+        tmp.write_text(json.dumps({"machine": _machine_name, "choices": _choices}, sort_keys=True))
         tmp.replace(_file)
     except OSError:
         pass  # a read-only cache: the answers hold for this process only

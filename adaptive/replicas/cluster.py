@@ -216,7 +216,7 @@ class ClusterController:
         directory (SPECDEPTH_CACHE or ~/.cache/specdepth), keyed by the pair, device, path and the
         machine's few-row linear answers (workers/linear_choice.py)."""
         from specdepth.adaptive.cost.model import CostModel, load_cost
-        from specdepth.workers.compiled import cache_dir
+        from specdepth.workers.cache import cache_dir
         info = self.infos[0]
         name = info["name"].replace("/", "_").replace("|", "__")
         path = cache_dir() / (f"profile-v7-{name}-{info['device']}-compile-{self.config.replica.compile}"

@@ -132,7 +132,7 @@ def build_cost(spec: str, pair, device: str, runner=None):
         return parse_cost(spec)
     from specdepth.adaptive.cost.model import load_cost
     from specdepth.adaptive.cost.profiler import profile
-    from specdepth.workers.compiled import cache_dir
+    from specdepth.workers.cache import cache_dir
     cache = cache_dir()
     # v4: with the decode shape; v5: cheap points timed more often (adaptive/cost/profiler.py);
     # v6: few-token passes on CPU through oneDNN (workers/linear.py); v7: the passes' path in the
