@@ -108,7 +108,9 @@ def test_an_exchange_takes_the_pooled_fit_and_continues_a_resumed_request(ray_se
 
 def test_a_restarted_actor_reports_lost_sequences(ray_session, actor):
     ray = ray_session
-    first = ray.get(actor.exchange.remote(Work(None, [(7, Request("x", [1, 2], 20))])))
+    # the answers that must hold tokens wait for the first one (a fresh process's first step can
+    # take longer than the default half second on a loaded 2-core machine)
+    first = ray.get(actor.exchange.remote(Work(None, [(7, Request("x", [1, 2], 20))], wait_s=60)))
     ray.kill(actor, no_restart=False)  # Ray restarts it (max_restarts=1): a fresh process, no sequences
     deadline, pid = time.time() + 60, first.pid
     while pid == first.pid:  # ray.kill is asynchronous; calls fail while Ray restarts the actor
@@ -119,5 +121,6 @@ def test_a_restarted_actor_reports_lost_sequences(ray_session, actor):
             time.sleep(0.2)
     again = ray.get(actor.exchange.remote(Work(first.incarnation)))
     assert again.lost and again.incarnation != first.incarnation and again.pid != first.pid
-    resumed = ray.get(actor.exchange.remote(Work(None, [(7, Request("x", [1, 2] + first.seqs[7].tokens, 3))])))
+    resumed = ray.get(actor.exchange.remote(Work(None, [(7, Request("x", [1, 2] + first.seqs[7].tokens, 3))],
+                                                 wait_s=60)))
     assert not resumed.lost and resumed.seqs[7].tokens
