@@ -13,7 +13,7 @@ resetting the slot's length (see `kv_cache.py`), nothing is copied or recomputed
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -140,14 +140,16 @@ class Attention(nn.Module):
             return self.wo(y.transpose(1, 2).reshape(B, T, cfg.n_heads * hd))
         cache.write(layer, meta.write_slots, meta.write_pos, k, v)
         if meta.pack is None:  # every row full: the batch is one part, nothing to gather
-            B, T = meta.positions.shape
+            B, T = meta.parts[0].shape
             return self.wo(self._attend(q.view(B, T, cfg.n_heads, hd), layer, cache, meta.parts[0]).view(B * T, -1))
         y = q.new_empty(q.shape[0], cfg.n_heads * hd)  # (N, nh*hd)
         for part in meta.parts:
             Bp, Tp = part.shape
-            qp = q.new_zeros(Bp * Tp, cfg.n_heads, hd).index_copy_(0, part.dst, q.index_select(0, part.src))
-            yp = self._attend(qp.view(Bp, Tp, cfg.n_heads, hd), layer, cache, part)  # (Bp, Tp, nh*hd)
-            y.index_copy_(0, part.src, yp.view(Bp * Tp, -1).index_select(0, part.dst))
+            qp = q[part.rows]  # (n, nh, hd): a part's queries are a run of packed rows, no gather
+            if part.dst is not None:  # padded: place them in the part's (Bp * Tp) grid
+                qp = q.new_zeros(Bp * Tp, cfg.n_heads, hd).index_copy_(0, part.dst, qp)
+            yp = self._attend(qp.view(Bp, Tp, cfg.n_heads, hd), layer, cache, part).view(Bp * Tp, -1)
+            y[part.rows] = yp if part.dst is None else yp.index_select(0, part.dst)
         return self.wo(y)  # (N, dim)
 
     def _attend(self, q: torch.Tensor, layer: int, cache: KVCache, part: "AttnPart") -> torch.Tensor:
@@ -195,25 +197,25 @@ class AttnPart:
     read_index: slice | torch.Tensor  # their cache slots (a slice when consecutive: no copy)
     span: int  # S: keys to read
     mask: Optional[torch.Tensor]  # (Bp, 1, rep*Tp, S) bool: key s visible to query t (repeated per query head); None: all
-    src: Optional[torch.Tensor] = None  # (n,) long: the part's queries' rows in the packed batch
-    dst: Optional[torch.Tensor] = None  # (n,) long: the same queries' rows in the (Bp*Tp) padding
+    rows: slice = field(default_factory=lambda: slice(None))  # the part's queries: a run of consecutive rows of the packed batch
+    dst: Optional[torch.Tensor] = None  # (n,) long: those rows' places in the (Bp*Tp) padding; None: no padding
 
 
 @dataclass
 class BatchMeta:
     """Where a ragged batch's new tokens go in the cache and which keys each attends to."""
 
-    positions: torch.Tensor  # (B, T) long: absolute position of each new token (padding included)
-    pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch; None: all valid
+    pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch, in packed order; None: all valid
     write_slots: torch.Tensor  # (N,) long: the cache slot of each new token
     write_pos: torch.Tensor  # (N,) long: its position there
     parts: list[AttnPart]  # one part, or the two of `attention_parts` where one would pad more than PAD_LIMIT allows
+    last: Optional[torch.Tensor] = None  # (B,) long: each sequence's last new token's packed row
 
 
-def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
-    """(Bp, Tp) positions -> (Bp, 1, rep*Tp, span) bool causal mask, repeated per folded query head."""
-    s = torch.arange(span, device=positions.device)
-    return (s[None, None, :] <= positions[:, :, None])[:, None].repeat(1, 1, rep, 1)
+def _visible(positions: np.ndarray, span: int, rep: int) -> torch.Tensor:
+    """(Bp, Tp) positions -> (Bp, 1, rep*Tp, span) bool causal mask, tiled per folded query head."""
+    m = np.arange(span)[None, None, :] <= positions[:, :, None]  # (Bp, Tp, span)
+    return torch.from_numpy(np.tile(m[:, None], (1, 1, rep, 1)))
 
 
 # A ragged batch attends as one (B, T) part, padded, while its B x T queries are at most PAD_LIMIT x
@@ -224,38 +226,37 @@ def _visible(positions: torch.Tensor, span: int, rep: int) -> torch.Tensor:
 PAD_LIMIT = 1.5
 
 
-def attention_parts(slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tensor, rep: int,
-                    slot_index: Callable[[torch.Tensor], slice | torch.Tensor],
-                    pad_limit: float | None = None) -> list[AttnPart]:
-    """How a ragged batch's queries attend: one part, the batch padded to (B, T), or two: every
-    sequence's first new token (B x 1, no padding), and the later tokens of the Bs sequences with
-    more than one (padded to the longest, minus one). Padded when B x T <= `pad_limit` (PAD_LIMIT
-    if None) x (B + Bs (T - 1)). Packed row of token t of sequence b is first[b] + t, first =
-    exclusive cumsum of n_new."""
-    B, T = len(slots), int(n_new.max())
-    n_sub = int((n_new > 1).sum())
-    if B * T <= (PAD_LIMIT if pad_limit is None else pad_limit) * (B + n_sub * (T - 1)):
-        t = torch.arange(T, device=slots.device)
-        pos = start[:, None] + t[None, :]  # (B, T); padded queries see stale keys, and are dropped
+def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
+                    slot_index: Callable[[np.ndarray], slice | torch.Tensor], slots: np.ndarray,
+                    pad_limit: float | None = None) -> tuple[np.ndarray, list[AttnPart]]:
+    """How a ragged batch's queries attend, on the host: one part, the batch padded to (B, T), or
+    two: every sequence's first new token (B x 1, no padding), and the later tokens of the Bs
+    sequences with more than one (padded to the longest, minus one). Padded when B x T <=
+    `pad_limit` (PAD_LIMIT if None) x (B + Bs (T - 1)).
+
+    Returns the packed order, (N,) rows of the flat (B*T) batch, and the parts (tensors on the
+    host). Each part's queries are consecutive packed rows: padded, row-major; split, every first
+    token (row b at b), then the later tokens, sequence by sequence."""
+    B, T = len(start), int(n_new.max())
+    sub = np.flatnonzero(n_new > 1)  # (Bs,)
+    valid = np.arange(T)[None, :] < n_new[:, None]  # (B, T)
+    if B * T <= (PAD_LIMIT if pad_limit is None else pad_limit) * (B + len(sub) * (T - 1)):
+        pack = np.flatnonzero(valid)  # (N,) row-major
         span = int((start + n_new).max())
-        dst = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,) rows in the padding
-        return [AttnPart((B, T), slot_index(slots), span, _visible(pos, span, rep),
-                         torch.arange(len(dst), device=slots.device), dst)]
-    first = torch.cumsum(n_new, 0) - n_new  # (B,)
+        part = AttnPart((B, T), slot_index(slots), span, _visible(start[:, None] + np.arange(T), span, rep),
+                        slice(0, len(pack)), torch.from_numpy(pack))
+        return pack, [part]
     span1 = int((start + 1).max())
-    parts = [AttnPart((B, 1), slot_index(slots), span1, _visible(start[:, None], span1, rep),
-                      first, torch.arange(B, device=slots.device))]
-    sub = (n_new > 1).nonzero().squeeze(1)  # (Bs,)
-    if len(sub):
-        Tp = int(n_new.max()) - 1
-        t = torch.arange(Tp, device=slots.device)
-        pos = start[sub, None] + 1 + t[None, :]  # (Bs, Tp)
-        valid = t[None, :] < (n_new[sub] - 1)[:, None]  # (Bs, Tp)
-        span = int((start[sub] + n_new[sub]).max())
-        src = (first[sub, None] + 1 + t[None, :])[valid]  # (n,)
-        dst = torch.arange(len(sub) * Tp, device=slots.device).view(len(sub), Tp)[valid]  # (n,)
-        parts.append(AttnPart((len(sub), Tp), slot_index(slots[sub]), span, _visible(pos, span, rep), src, dst))
-    return parts
+    mask1 = None if (start == start[0]).all() else _visible(start[:, None], span1, rep)
+    parts = [AttnPart((B, 1), slot_index(slots), span1, mask1, slice(0, B))]
+    Tp = T - 1
+    later = valid[sub, 1:]  # (Bs, Tp)
+    pack = np.concatenate([np.arange(B) * T, (sub[:, None] * T + 1 + np.arange(Tp))[later]])  # (N,)
+    span = int((start[sub] + n_new[sub]).max())
+    dst = None if later.all() else torch.from_numpy(np.flatnonzero(later))
+    parts.append(AttnPart((len(sub), Tp), slot_index(slots[sub]), span,
+                          _visible(start[sub, None] + 1 + np.arange(Tp), span, rep), slice(B, len(pack)), dst))
+    return pack, parts
 
 
 class Transformer(nn.Module):
@@ -327,7 +328,7 @@ class Transformer(nn.Module):
         if padding.runs_padded(B, T, int(n_h.sum())):  # (nearly) every row full: one padded part, no packing
             meta, pos_c = self._padded_meta(cache, slots_h, start_h, T, span, rep)
         else:  # per-token layers run on the N valid tokens only; attention padded (or in two parts)
-            meta, pos_c = self._packed_meta(cache, slots, torch.from_numpy(start_h).to(dev), n_new, T, rep)
+            meta, pos_c = self._packed_meta(cache, slots_h, start_h, n_h, T, rep)
             tokens = tokens[meta.pack]
         cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (N, hd)
         x = self.embed(tokens)  # (N, dim)
@@ -338,7 +339,7 @@ class Transformer(nn.Module):
             return None
         if last:  # each sequence's last new token: its row in the packed (N,) or flat (B*T,) batch
             if T > 1:
-                x = x[torch.cumsum(n_new, 0) - 1 if meta.pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)]
+                x = x[meta.last if meta.pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)]
             return self.lm_head(self.norm(x)).float()  # (B, V)
         out = self.lm_head(self.norm(x)).float()  # (N, V)
         if meta.pack is None:
@@ -355,7 +356,7 @@ class Transformer(nn.Module):
         if T == 1 and (start == start[0]).all():
             mask = None  # each row's one query sees all of its span keys
         else:
-            mask = _visible(torch.from_numpy(positions).to(dev), span, rep)  # (B, 1, rep*T, span)
+            mask = _visible(positions, span, rep).to(dev)  # (B, 1, rep*T, span)
         index = cache.slot_index(slots)
         if torch.is_tensor(index):
             index = index.to(dev)
@@ -364,23 +365,29 @@ class Transformer(nn.Module):
         write_slots = torch.from_numpy(np.repeat(slots, T)).to(dev)  # (B*T,)
         write_pos = torch.from_numpy(np.minimum(positions, cache.max_len).ravel()).to(dev)  # (B*T,)
         pos_c = torch.from_numpy(np.minimum(positions, self.cfg.max_seq_len).ravel()).to(dev)  # (B*T,)
-        meta = BatchMeta(torch.from_numpy(positions), None, write_slots, write_pos,
+        meta = BatchMeta(None, write_slots, write_pos,
                          [AttnPart((len(slots), T), index, span, mask)])
         return meta, pos_c
 
-    def _packed_meta(self, cache: KVCache, slots: torch.Tensor, start: torch.Tensor, n_new: torch.Tensor,
+    def _packed_meta(self, cache: KVCache, slots: np.ndarray, start: np.ndarray, n_new: np.ndarray,
                      T: int, rep: int) -> tuple[BatchMeta, torch.Tensor]:
         """A ragged batch: per-token layers on its N valid tokens, attention in one padded part or
-        two (`attention_parts`). Returns the metadata and each valid token's RoPE position (N,)."""
-        B, dev = len(slots), self.device
-        t = torch.arange(T, device=dev)
-        positions = start[:, None] + t[None, :]  # (B, T)
-        pack = (t[None, :] < n_new[:, None]).flatten().nonzero().squeeze(1)  # (N,)
-        parts = attention_parts(slots, start, n_new, rep, cache.slot_index)
-        write_slots = slots[:, None].expand(B, T).flatten()[pack]  # (N,)
-        write_pos = positions.flatten()[pack]  # (N,): valid tokens stay inside the cache
-        pos_c = positions.clamp(max=self.cfg.max_seq_len).flatten()[pack]  # (N,)
-        return BatchMeta(positions, pack, write_slots, write_pos, parts), pos_c
+        two (`attention_parts`), its indices built on the host. Returns the metadata and each valid
+        token's RoPE position (N,)."""
+        dev = self.device
+        pack, parts = attention_parts(start, n_new, rep, cache.slot_index, slots)  # pack: (N,) flat rows
+        for part in parts:
+            part.read_index = part.read_index.to(dev) if torch.is_tensor(part.read_index) else part.read_index
+            part.mask = None if part.mask is None else part.mask.to(dev)
+            part.dst = None if part.dst is None else part.dst.to(dev)
+        row, t = pack // T, pack % T  # (N,) each: the sequence and the new token of every packed row
+        positions = start[row] + t  # (N,): valid tokens stay inside the cache
+        end = np.flatnonzero(t == n_new[row] - 1)  # (B,) packed rows of the sequences' last new tokens
+        last = np.empty(len(slots), np.int64)  # (B,)
+        last[row[end]] = end
+        meta = BatchMeta(torch.from_numpy(pack).to(dev), torch.from_numpy(slots[row]).to(dev),
+                         torch.from_numpy(positions).to(dev), parts, torch.from_numpy(last).to(dev))
+        return meta, torch.from_numpy(np.minimum(positions, self.cfg.max_seq_len)).to(dev)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

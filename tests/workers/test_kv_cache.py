@@ -70,7 +70,7 @@ def test_ragged_forward_matches_each_sequence_alone(pad_limit, prompts, program,
 
 
 @pytest.mark.parametrize("n_new", [[3, 3, 3], [1, 3, 2], [1, 1, 1], [4]], ids=["full", "ragged", "one", "single"])
-def test_last_token_logits_are_the_full_logits_last_rows(n_new):
+def test_last_token_logits_are_the_full_logits_last_rows(n_new, pad_limit):
     """`last=True` (a draft pass: only each sequence's next-token distribution is read) gives the
     rows of the full logits at each sequence's last new token, and advances the cache the same."""
     B, T = len(n_new), max(n_new)
