@@ -236,7 +236,7 @@ class DSpark(DepthPolicy):
         # a model-free draft's proposing, as measured live: paid once by a plan that drafts at all
         free = ctx.cost.drafting_s(ctx.batch_size) if self.price_draft and ctx.cost_learns \
             and _free_draft(ctx.cost) else 0.0
-        free += self._jump_s(ctx.batch_size, ctx.cost_learns)  # and the jump to verifying at all
+        free += self._jump_s(ctx.batch_size, ctx.cost_learns, ctx.cost, prices.context)  # and the jump to verifying at all
         budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free)
         if deepest > 0 and self.catch_up and ctx.cost_learns and self._draft_lag.most > CATCH_UP_USUAL:
             first = self._draft_lag.catch_up_s(ctx, budgets > 0, prices.context) / CATCH_UP_STEPS
@@ -244,9 +244,13 @@ class DSpark(DepthPolicy):
                 budgets, deepest = plan_kernel(prior, times, pass_time, self.margin, 0, free + first)
         return budgets, deepest
 
-    def _jump_s(self, batch_size: int, cost_learns: bool) -> float:
-        """Seconds a step pays for verifying any draft over a plain step, as measured (0: not priced)."""
-        return self._jump.seconds(batch_size) if self.jump and self.price_draft and cost_learns else 0.0
+    def _jump_s(self, batch_size: int, cost_learns: bool, cost: StepCost, context: int) -> float:
+        """Seconds a step pays for verifying any draft over a plain step, as measured, the cost
+        model's profiled jump until then (0: not priced)."""
+        if not (self.jump and self.price_draft and cost_learns):
+            return 0.0
+        prior = cost.jump_s(batch_size, context) if hasattr(cost, "jump_s") else None
+        return self._jump.seconds(batch_size, prior)
 
     def verifies(self, step: int) -> bool:
         return step == self._plain_step or step != self._measure.skip_verify_step
@@ -372,7 +376,9 @@ class DSpark(DepthPolicy):
     def _whole_jump_s(self, ctx: VerifyContext) -> float:
         """The jump, where `verify` is asked once for a model-free draft's every column: its
         columns are functions of the prefix, so weighing them all together stays lossless."""
-        return self._jump_s(len(ctx.seq_ids), self._cost_learns) if _free_draft(ctx.cost) else 0.0
+        if not _free_draft(ctx.cost):
+            return 0.0
+        return self._jump_s(len(ctx.seq_ids), self._cost_learns, ctx.cost, self._context_tokens(ctx.context_lens))
 
     def _pays_jump(self, ctx: VerifyContext, conf: np.ndarray, lengths: np.ndarray, jump: float) -> bool:
         """Whether verifying `lengths` (B,) of the draft, its expected tokens against its time with

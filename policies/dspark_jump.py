@@ -10,7 +10,10 @@ Measured on the run's own steps, per batch-size bucket: the running mean of a st
 residual (its time from start to the next step's start, less the cost model's price of its N
 tokens and, where it drafted, the learned proposing time) over plain steps, and over steps that
 verified a little (N at most B + max(1, NEAR_SHARE x B)); the jump is the second less the first
-(both carry the model's scale error alike). A plan that drafts at all pays it once, as a
+(both carry the model's scale error alike). Until both sides have steps, and weighed as
+PRIOR_STEPS steps after, the cost model's profiled jump of the pass stands in (`CostModel.jump_s`:
+the pass at B sequences with one of two tokens, over the decode shape), so the first steps of a
+run already pay it. A plan that drafts at all pays it once, as a
 model-free drafter's proposing (`plan_kernel`'s `first`); a model-free draft, verified in one
 call, is verified only where what it admits pays the jump (`pays`). Only where the cost model
 learns (live).
@@ -24,6 +27,7 @@ JUMP_RATE = 0.1  # the running means' weight on a new step, once a side has 1 / 
 JUMP_EVIDENCE = 3  # steps of each side before the jump is priced
 PLAIN_EVERY = 4  # once the plain side is known (1 / JUMP_RATE steps), it learns from every this-th step
 NEAR_SHARE = 0.25  # steps of at most B + max(1, NEAR_SHARE x B) tokens measure the jump
+PRIOR_STEPS = 8  # the profiled jump's weight against the measured one, in steps
 
 
 @dataclass
@@ -62,12 +66,18 @@ class Jump:
         sides = self.buckets.get(batch_size.bit_length())
         return sides is not None and sides[0].n * JUMP_RATE >= 1.0 and step % PLAIN_EVERY != 0
 
-    def seconds(self, batch_size: int) -> float:
-        """The jump at this batch size, seconds (0 until both sides have JUMP_EVIDENCE steps)."""
+    def seconds(self, batch_size: int, prior: float | None = None) -> float:
+        """The jump at this batch size, seconds: `prior` (the profiled one; None: unknown, 0)
+        until both sides have JUMP_EVIDENCE steps, then the measured one, blended with a prior
+        weighed as PRIOR_STEPS steps."""
         sides = self.buckets.get(batch_size.bit_length())
         if sides is None or sides[0].n < JUMP_EVIDENCE or sides[1].n < JUMP_EVIDENCE:
-            return 0.0
-        return max(sides[1].mean - sides[0].mean, 0.0)
+            return prior or 0.0
+        measured = sides[1].mean - sides[0].mean
+        if prior is not None:
+            n = min(sides[0].n, sides[1].n)
+            measured = (PRIOR_STEPS * prior + n * measured) / (PRIOR_STEPS + n)
+        return max(measured, 0.0)
 
 
 def pays(tau: float, n: int, t_spec: float, t_plain: float) -> bool:

@@ -59,6 +59,13 @@ class CostModel(ABC):
         one go (dspark prices both every step)."""
         return self.target_by_n(size, context_tokens, batch_size), float(self.draft_time(draft_batch, context_tokens))
 
+    def jump_s(self, batch_size: int, context_tokens: int = 0) -> float | None:
+        """Seconds a pass of `batch_size` rows with one of them verifying a drafted token costs
+        over this model's price of N = batch_size + 1 tokens: the jump from a plain pass to a
+        ragged one, which a table interpolated between grid cells cannot hold. None: not known
+        (the default)."""
+        return None
+
     def ready(self) -> None:
         """Bring tables rebuilt lazily after a correction up to date (the next query would). Default: no-op."""
         return None

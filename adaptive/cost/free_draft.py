@@ -68,6 +68,9 @@ class FreeDraftCost(CostModel):
                     batch_size: int = 0) -> tuple[np.ndarray, float]:
         return self.inner.target_by_n(size, context_tokens, batch_size), 0.0
 
+    def jump_s(self, batch_size: int, context_tokens: int = 0) -> float | None:
+        return self.inner.jump_s(batch_size, context_tokens)
+
     def ready(self) -> None:
         self.inner.ready()
 

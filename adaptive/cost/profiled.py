@@ -107,7 +107,7 @@ class ProfiledCost(OnlineRefinement, CostModel):
                  cell_share: float = CELL_SHARE, speed_lr: float = 0.45, speed_max_step: float = 0.09,
                  step_overhead_s: float = 0.0, pass_overhead_s: float = 0.0,
                  overhead_moments: Any = None, draft_ratio_logcorr: float = 0.0, draft_steps: float = 0.0,
-                 decode_s: Any = None, overhead_bucket: int = 0, overhead_lines: Any = None,
+                 decode_s: Any = None, near_s: Any = None, overhead_bucket: int = 0, overhead_lines: Any = None,
                  meta: dict[str, Any] | None = None) -> None:
         self.token_grid = np.asarray(token_grid, np.float64)  # (Nt,) step tokens
         self.ctx_grid = np.asarray(ctx_grid, np.float64)  # (Nc,) context tokens
@@ -135,6 +135,18 @@ class ProfiledCost(OnlineRefinement, CostModel):
             # the decode shape's offset to the table at N = B tokens: fixed (profiled, uncorrected)
             self._offset_f = _Interp(self.base_decode - _Interp(self.base_target, self.ctx_grid, self.token_grid)
                                      .grid_at(self.batch_grid), self.ctx_grid, self.batch_grid)
+        # (Nc, Nb) the target's pass at B sequences, one of them of two tokens (a verify of one
+        # drafted token), or None; needs the decode table
+        self.base_near = None if near_s is None or self.base_decode is None else \
+            np.asarray(near_s, np.float64).reshape(len(self.ctx_grid), -1)
+        if self.base_near is not None:
+            if self.base_near.shape[1] != len(self.batch_grid) or not np.all(self.base_near > 0):
+                raise ValueError("near_s must be positive, one row per context over the draft batch grid")
+            # the near shape over the decode shape, less what the table prices from N = B to B + 1
+            table = _Interp(self.base_target, self.ctx_grid, self.token_grid)
+            priced = table.grid_at(self.batch_grid + 1) - table.grid_at(self.batch_grid)  # (Nc, Nb)
+            self._jump_f = _Interp(np.maximum(self.base_near - self.base_decode - priced, 0.0), self.ctx_grid,
+                                   self.batch_grid)
         self.meta = dict(meta or {})
         self._target_f: _Interp | None = None  # the tables' interpolators, made at the first refresh
         self._draft_f: _Interp | None = None
@@ -210,6 +222,16 @@ class ProfiledCost(OnlineRefinement, CostModel):
                              math.exp(self.speed_logcorr + self.draft_ratio_logcorr), self.pass_overhead_s)
         return t, float(d)
 
+    def jump_s(self, batch_size: int, context_tokens: int = 0) -> float | None:
+        """The profiled jump (`CostModel.jump_s`), scaled as the model's passes are; None without a
+        near table, 0 at batch 1 (a pass of one sequence of two tokens is the table's own shape)."""
+        if self.base_near is None:
+            return None
+        if batch_size < 2:
+            return 0.0
+        b = float(min(batch_size, self.batch_grid[-1]))
+        return max(float(self._jump_f(context_tokens, b)), 0.0) * math.exp(self.speed_logcorr)
+
     def at_batch(self, batch_size: int) -> CostModel:
         return self if self.base_decode is None or batch_size <= 0 else _AtBatch(self, batch_size)
 
@@ -227,7 +249,8 @@ class ProfiledCost(OnlineRefinement, CostModel):
         return {"kind": self.kind, "token_grid": self.token_grid.tolist(), "ctx_grid": self.ctx_grid.tolist(),
                 "target_s": self.base_target.tolist(), "draft_batch_grid": self.batch_grid.tolist(),
                 "draft_s": self.base_draft.tolist(), **self._learning_dict(),
-                **({} if self.base_decode is None else {"decode_s": self.base_decode.tolist()}), "meta": self.meta}
+                **({} if self.base_decode is None else {"decode_s": self.base_decode.tolist()}),
+                **({} if self.base_near is None else {"near_s": self.base_near.tolist()}), "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

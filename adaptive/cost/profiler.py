@@ -3,8 +3,9 @@
 A target step of N step tokens is timed as a verification pass really runs: ceil(N / T)
 sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), logits on, each
 sequence holding an equal share of `context_tokens` in the KV cache; and in the decode shape, as a
-step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table). The
-cache is only advanced, never filled: attention cost depends on lengths, not values. A draft pass
+step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table), and
+in the near shape, as a step that verifies one drafted token runs: the same with one sequence of
+two tokens (the jump to a ragged pass, `ProfiledCost.jump_s`). The cache is only advanced, never filled: attention cost depends on lengths, not values. A draft pass
 is `batch` sequences of one token.
 
 Each point is the median of its timed forwards, each after a warm-up forward. The grid is timed
@@ -45,7 +46,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.inference_mode()
 def time_forward(model: Transformer, n_tokens: int, context_tokens: int, tokens_per_seq: int,
                  repeats: int, cache: KVCache | None = None) -> float:
     """Median seconds of one ragged forward of `n_tokens` new tokens over `context_tokens` of KV.
@@ -59,11 +59,20 @@ def time_forward(model: Transformer, n_tokens: int, context_tokens: int, tokens_
         cache: a cache to time in (its first slots; large enough), instead of a fresh one: CUDA
             graphs capture the cache's address, so the compiled path times in one cache per model.
     """
-    device, cfg = model.device, model.cfg
     t = min(n_tokens, tokens_per_seq)
     b = math.ceil(n_tokens / t)
     n_new = np.full(b, t, dtype=np.int64)  # (b,)
     n_new[-1] = n_tokens - t * (b - 1)
+    return time_rows(model, n_new, context_tokens, repeats, cache)
+
+
+@torch.inference_mode()
+def time_rows(model: Transformer, n_new: np.ndarray, context_tokens: int, repeats: int,
+              cache: KVCache | None = None) -> float:
+    """Median seconds of one forward of len(n_new) sequences, n_new[i] >= 1 new tokens each, over
+    `context_tokens` of KV shared out equally (`time_forward`'s other arguments)."""
+    device, cfg = model.device, model.cfg
+    b, t = len(n_new), int(n_new.max())
     ctx = np.full(b, context_tokens // b, dtype=np.int64) + (np.arange(b) < context_tokens % b)  # (b,)
     dtype = model.embed.weight.dtype
     if cache is None:
@@ -136,7 +145,7 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
             caches[id(m)] = KVCache(m.cfg.n_layers, b_max, m.cfg.n_kv_heads, m.cfg.hd,
                                     max(ctx_grid) + max(tokens_per_seq, 1), m.embed.weight.dtype, device)
     points = [("target", n, c) for c in ctx_grid for n in token_grid] + \
-        [(kind, b, c) for kind in ("draft", "decode") for c in ctx_grid for b in draft_batch_grid]
+        [(kind, b, c) for kind in ("draft", "decode", "near") for c in ctx_grid for b in draft_batch_grid]
     samples: dict[tuple[str, int, int], list[float]] = {p: [] for p in points}
     want = dict.fromkeys(points, repeats)  # passes each point takes: more for cheap ones, after the first
     order = random.Random(0)
@@ -146,14 +155,18 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
             break
         order.shuffle(todo)
         for kind, n, c in todo:
+            if kind == "near":  # n sequences, the first verifying one drafted token
+                samples[kind, n, c].append(time_rows(target, np.r_[2, np.ones(n - 1, np.int64)], c, 1,
+                                                     caches.get(id(target))))
+                continue
             model, per_seq = {"target": (target, tokens_per_seq), "draft": (draft, 1), "decode": (target, 1)}[kind]
             samples[kind, n, c].append(time_forward(model, n, c, per_seq, 1, caches.get(id(model))))
         if i == 0:
             for p in points:
                 want[p] = min(max_repeats, repeats + int(point_budget_s / max(samples[p][0], 1e-9)))
     target_s = np.array([[np.median(samples["target", n, c]) for n in token_grid] for c in ctx_grid])  # (Nc, Nt)
-    draft_s, decode_s = (np.array([[np.median(samples[kind, b, c]) for b in draft_batch_grid] for c in ctx_grid])
-                         for kind in ("draft", "decode"))  # (Nc, Nb) each
+    draft_s, decode_s, near_s = (np.array([[np.median(samples[kind, b, c]) for b in draft_batch_grid] for c in ctx_grid])
+                                 for kind in ("draft", "decode", "near"))  # (Nc, Nb) each
     meta = {"device": str(device), "device_name": _device_name(device),
             "dtype": str(target.embed.weight.dtype).removeprefix("torch."),
             "target_params": target.num_params(), "draft_params": draft.num_params(),
@@ -161,7 +174,8 @@ def profile(target: Transformer, draft: Transformer, device: torch.device | str 
             "tokens_per_seq": tokens_per_seq, "torch": torch.__version__, "compiled": compiled_path,
             "raw_target_s": target_s.tolist(), "raw_draft_s": draft_s.tolist(), "raw_decode_s": decode_s.tolist()}
     # ProfiledCost makes the tables monotone; the raw medians stay in meta for inspection.
-    return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, decode_s=decode_s, meta=meta)
+    return ProfiledCost(token_grid, ctx_grid, target_s, draft_batch_grid, draft_s, decode_s=decode_s, near_s=near_s,
+                        meta=meta)
 
 
 def _device_name(device: torch.device) -> str:

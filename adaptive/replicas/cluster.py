@@ -219,7 +219,7 @@ class ClusterController:
         from specdepth.workers.cache import cache_dir
         info = self.infos[0]
         name = info["name"].replace("/", "_").replace("|", "__")
-        path = cache_dir() / (f"profile-v7-{name}-{info['device']}-compile-{self.config.replica.compile}"
+        path = cache_dir() / (f"profile-v8-{name}-{info['device']}-compile-{self.config.replica.compile}"
                               f"-linear-{info.get('linear', 'default')}.json")
         if not path.exists():
             log.warning("profiling the pair on %s (once; cached at %s) ...", info["device"], path)

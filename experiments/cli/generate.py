@@ -136,11 +136,12 @@ def build_cost(spec: str, pair, device: str, runner=None):
     cache = cache_dir()
     # v4: with the decode shape; v5: cheap points timed more often (adaptive/cost/profiler.py);
     # v6: few-token passes on CPU through oneDNN (workers/linear.py); v7: the passes' path in the
-    # key, and this machine's few-row linear answers (workers/linear_choice.py)
+    # key, and this machine's few-row linear answers (workers/linear_choice.py); v8: the near shape
+    # (the jump to a ragged pass, adaptive/cost/profiler.py)
     from specdepth.workers.linear import signature
     target, draft = (pair.target, pair.draft) if runner is None else (runner.target_pass, runner.draft_pass)
     path_name = "eager" if target is pair.target else "compiled"
-    key = (f"profile-v7-{pair.name.replace('/', '_').replace('|', '__')}-{device}-{path_name}"
+    key = (f"profile-v8-{pair.name.replace('/', '_').replace('|', '__')}-{device}-{path_name}"
            f"-linear-{signature(pair.target, pair.draft)}.json")
     path = cache / key
     if path.exists():

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pytest
 
 from specdepth.policies.dspark import DSpark
-from specdepth.policies.dspark_jump import JUMP_EVIDENCE, Jump
+from specdepth.policies.dspark_jump import JUMP_EVIDENCE, PRIOR_STEPS, Jump
 from specdepth.policies.testing import LinearCost, make_outcome, make_plan_ctx, make_verify_ctx
 
 B = 16
@@ -44,6 +45,33 @@ def test_the_jump_is_the_near_steps_residual_over_the_plain_steps():
     far = Jump()  # steps far from plain (priced < 0) teach nothing
     feed(far, [plain] * JUMP_EVIDENCE + [(4 * B, -1.0, 0.030)] * 8)
     assert far.seconds(B) == 0.0
+
+
+@dataclass(frozen=True)
+class ProfiledJumpCost(FreeLinearCost):
+    """A model-free drafter's cost whose profile knows the jump (`CostModel.jump_s`)."""
+
+    jump: float = 0.002
+
+    def jump_s(self, batch_size: int, context_tokens: int = 0) -> float:
+        return self.jump
+
+
+def test_the_profiled_jump_prices_the_first_steps_and_then_weighs_as_prior_steps():
+    jump = Jump()
+    assert jump.seconds(B, 0.004) == 0.004 and jump.seconds(B) == 0.0  # nothing measured: the profile's
+    plain, near = (B, 0.0116, 0.0126), (B + 2, 0.0118, 0.0148)  # measured: 2 ms
+    feed(jump, [plain] * JUMP_EVIDENCE + [near] * JUMP_EVIDENCE)
+    n = JUMP_EVIDENCE
+    assert jump.seconds(B, 0.004) == pytest.approx((PRIOR_STEPS * 0.004 + n * 0.002) / (PRIOR_STEPS + n))
+    assert jump.seconds(B) == pytest.approx(0.002)  # no profile: as measured
+
+
+def test_a_profiled_jump_refuses_a_small_model_free_draft_from_the_first_step():
+    one = [[0.6]] + [[]] * (B - 1)
+    assert not verified(DSpark(jump=True), one, cost=ProfiledJumpCost()).any()  # nothing measured yet
+    assert verified(DSpark(jump=True), one, cost=ProfiledJumpCost(jump=0.0)).tolist() == [1] + [0] * (B - 1)
+    assert verified(DSpark(jump=True), [[0.9] * 8] * B, cost=ProfiledJumpCost()).tolist() == [8] * B
 
 
 def primed(policy: DSpark, seconds: float = 0.002) -> DSpark:

@@ -145,9 +145,12 @@ def test_profile_quick_on_tiny_model(one_thread):
     assert c.meta["target_params"] == target.num_params()
     assert c.target_time(1) > 0 and c.draft_time(4) > 0
     assert c.base_decode.shape == (len(c.ctx_grid), len(c.batch_grid)) and np.all(c.base_decode > 0)
+    assert c.base_near.shape == c.base_decode.shape and np.all(c.base_near > 0)  # the near shape, timed
+    assert c.jump_s(8, 100) >= 0.0 and c.jump_s(1, 100) == 0.0
     back = CostModel.from_json(c.to_json())
     assert back.target_time(37, 100) == c.target_time(37, 100)
     assert back.target_time(37, 100, 8) == c.target_time(37, 100, 8)
+    assert back.jump_s(8, 100) == c.jump_s(8, 100)
 
 
 def test_fast_monotone_refresh_keeps_order_and_bounds():
@@ -252,3 +255,26 @@ def test_a_decode_table_prices_each_step_in_its_own_shape():
     assert "decode_s" not in plain.to_dict()
     with pytest.raises(ValueError, match="decode_s"):
         make_profiled(decode_s=decode[:, :2])
+
+
+def test_a_near_table_prices_the_jump_to_a_ragged_pass():
+    """The pass at B sequences, one of two tokens, over the decode shape at B, less what the table
+    already prices from N = B to B + 1: what verifying one drafted token costs beyond its token.
+    None without a near table (unknown), 0 at batch 1, never below 0."""
+    plain = make_profiled()
+    decode = plain.target_table[:, [0, 3, 6]] * np.array([1.0, 0.9, 0.8])  # (3 ctx, batch 1, 8, 64)
+    near = decode + np.array([[0.0, 2e-3, 1e-3]])  # 2 ms more at batch 8, 1 ms at 64
+    c = make_profiled(decode_s=decode, near_s=near)
+    table = plain.target_table[1]  # context 1000, the tokens grid 1, 2, 4, 8, 16, 32, 64, 128
+    priced_8 = (table[4] - table[3]) / 8  # N = 8 -> 9: an eighth of the 8 -> 16 cell
+    over = near[1] - c.base_decode[1]  # the near shape over the decode table as kept (made monotone)
+    assert c.jump_s(8, 1000) == pytest.approx(over[1] - priced_8) and over[1] - priced_8 > 1e-3
+    assert c.jump_s(64, 1000) == pytest.approx(over[2] - (table[7] - table[6]) / 64)
+    assert c.jump_s(1, 1000) == 0.0
+    assert make_profiled(decode_s=decode).jump_s(8, 1000) is None and FixedCost().jump_s(8) is None
+    assert make_profiled(decode_s=decode, near_s=decode * 0.5).jump_s(8, 1000) == 0.0  # cheaper: no jump
+    assert CostModel.from_json(c.to_json()).jump_s(8, 1000) == c.jump_s(8, 1000)
+    from specdepth.adaptive.cost.free_draft import FreeDraftCost
+    assert FreeDraftCost(c).at_batch(8).jump_s(8, 1000) == c.jump_s(8, 1000)  # what a policy asks
+    with pytest.raises(ValueError, match="near_s"):
+        make_profiled(decode_s=decode, near_s=near[:, :2])
