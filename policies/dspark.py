@@ -42,7 +42,7 @@ from specdepth.policies.base import (ChooseContext, DepthPolicy, DraftContext, P
                                     VerifyContext)
 from specdepth.policies.allocation import unit
 from specdepth.policies.dspark_choose import choose_free
-from specdepth.policies.dspark_closing import Pace, plain_rows
+from specdepth.policies.dspark_closing import Pace, decode_bound, plain_rows
 from specdepth.policies.dspark_gates import SelfMeasure
 from specdepth.policies.dspark_prices import CATCH_UP_STEPS, CATCH_UP_USUAL, DraftLag, StepPrices
 from specdepth.policies.dspark_jump import Jump, near, pays
@@ -125,6 +125,7 @@ class DSpark(DepthPolicy):
         self.spell = bool(spell)
         self.jump = bool(jump)
         self._closing_plain: tuple[int, np.ndarray] = (-1, np.zeros(0, bool))  # (step, (B,) rows stepped plain)
+        self._closes_at: tuple[int, bool] = (-1, False)  # (step, whether it plans as a closing run)
         self._pace = Pace()  # each sequence's tokens a step while allowed to draft (for closing runs)
         self._rail = Rail()  # speculating against plain steps, as measured (live only)
         self._spell = Spell()  # plans skipped while the plan keeps drafting nothing (live only)
@@ -166,7 +167,7 @@ class DSpark(DepthPolicy):
         budgets, deepest = self._budgets(ctx, prices)
         if deepest > 0 and prices.draft_all == 0.0:  # a free draft (model-free drafter): draft to K, verify decides
             budgets, deepest = raised(budgets, K), K
-        closing = self.closing and ctx.closing is not None
+        closing = self._closes(ctx)
         if closing and deepest > 0:  # only the sequences on the run's critical path draft
             plain = plain_rows(ctx.closing, ctx.prior_survival, budgets, self._pace.rate(ctx.seq_ids))
             budgets[plain] = 0
@@ -207,11 +208,22 @@ class DSpark(DepthPolicy):
         and no try due (the skipped plans count toward the tries' spacing; a closing run makes none)."""
         if not (self.spell and ctx.cost_learns and self._spell.holds(ctx)):
             return False
-        closing = self.closing and ctx.closing is not None
+        closing = self._closes(ctx)
         if self.probe and not closing and self._measure.bucket(ctx.batch_size).tries.count_unless_due():
             return False
         self._spell.skipped += 1
         return True
+
+    def _closes(self, ctx: PlanContext) -> bool:
+        """Whether this step plans as a closing run (policies/dspark_closing.py): the run is closing,
+        and its step prices a verified token at least what a decoded one costs at half the batch
+        (`decode_bound`); where verifying is cheaper, a sequence's accepted drafts save more in
+        the later, smaller steps than they cost now. Decided once a step."""
+        if not (self.closing and ctx.closing is not None):
+            return False
+        if self._closes_at[0] != ctx.step:
+            self._closes_at = (ctx.step, decode_bound(ctx.cost, ctx.batch_size, self._context_tokens(ctx.context_lens)))
+        return self._closes_at[1]
 
     def _plain(self, ctx: PlanContext) -> np.ndarray:
         """A step that drafts nothing, unplanned (the rail, or a plain spell)."""

@@ -7,6 +7,13 @@ nothing from drafting: its verified drafts only widen steps that run anyway (on 
 a + b N, its share b N over its remaining steps is least at N = 1 a step). So it steps plain, and
 the sequences on the critical path keep the plan's budgets.
 
+That holds where a step's price is linear in its tokens (past the compute knee: a verified token
+costs what a decoded one does). Where it is concave, as on a CPU at batch 16 (a 16-row step ~12 ms,
+a 1-row one ~6 ms, 16 more verified tokens ~2.5 ms), a sequence's accepted drafts are its tokens
+bought at the cheap margin of a wide step instead of in the later steps it would keep alive, so
+the rule applies only where the cost model prices a verified token at least what a decoded one
+costs at half the batch (`decode_bound`).
+
 A sequence's tokens a step are the lower of its prior's and its own measure in this run (`Pace`):
 an optimistic guess for the slowest sequence would end the others early, and the run would then
 finish its slowest alone, in small steps that cost nearly as much as full ones.
@@ -17,6 +24,17 @@ from __future__ import annotations
 import numpy as np
 
 PACE_STEPS = 4  # steps allowed to draft before a sequence's own measure counts
+
+
+def decode_bound(cost, batch_size: int, context_tokens: int) -> bool:
+    """Whether the step prices a verified token (N from B to 2B) at least what a decoded one costs
+    (N from B / 2 to B, as the batch shrinks): the closing rule's premise. False at batch 1."""
+    B = batch_size
+    half = B // 2
+    if half < 1:
+        return False
+    t = np.asarray(cost.target_time(np.array([half, B, 2 * B]), context_tokens), np.float64)  # (3,)
+    return bool((t[2] - t[1]) / B >= (1.0 - 1e-9) * (t[1] - t[0]) / (B - half))  # (rounding apart)
 
 
 def expected_tokens(survival: np.ndarray, budgets: np.ndarray) -> np.ndarray:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from specdepth.policies.dspark import DSpark
-from specdepth.policies.dspark_closing import PACE_STEPS, Pace, expected_tokens, plain_rows
+from specdepth.policies.dspark_closing import PACE_STEPS, Pace, decode_bound, expected_tokens, plain_rows
 from specdepth.policies.testing import LinearCost, make_plan_ctx
 
 FLAT = LinearCost(target_s=0.01, target_per_token_s=0.0)  # extra tokens cost nothing: drafting pays
@@ -47,6 +47,25 @@ def test_dspark_steps_plain_what_finishes_in_time_only_while_the_run_closes() ->
     assert closing.tolist() == [4, 0, 4]
     ablated = DSpark(dynamic=False, closing=False).plan(replace(ctx, closing=np.array([90, 20, 60])))
     assert ablated.tolist() == [4, 4, 4]
+
+
+@dataclass(frozen=True)
+class ConcaveCost(LinearCost):
+    """A step priced a + b sqrt(N): a verified token in a wide step costs less than a decoded one
+    in a narrower step (a CPU at batch 16)."""
+
+    def target_time(self, n_tokens, context_tokens: int = 0):
+        return self.target_s + 0.002 * np.sqrt(np.asarray(n_tokens, dtype=np.float64))
+
+
+def test_the_closing_rule_holds_only_where_a_verified_token_costs_what_a_decoded_one_does() -> None:
+    assert decode_bound(LinearCost(target_s=0.01, target_per_token_s=1e-4), 16, 0)  # linear: the premise
+    assert decode_bound(FLAT, 16, 0)  # nothing costs anything more: drafts for finishing rows are waste
+    assert not decode_bound(ConcaveCost(), 16, 0)  # concave: accepted drafts now save more later
+    assert not decode_bound(LinearCost(target_s=0.01, target_per_token_s=1e-4), 1, 0)  # a lone sequence
+    ctx = replace(make_plan_ctx(3, prior_conf=0.8, cost=ConcaveCost(), max_depth=4), closing=np.array([90, 20, 60]))
+    assert DSpark(dynamic=False).plan(ctx).tolist() == [4, 4, 4]  # concave: every sequence keeps its plan
+    assert DSpark(dynamic=False).plan(replace(ctx, cost=FLAT)).tolist() == [4, 0, 4]
 
 
 def test_pace_measures_tokens_a_step_while_allowed_to_draft() -> None:
