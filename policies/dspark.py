@@ -21,7 +21,8 @@ DESIGN.md "Allocation"):
 Whether a step drafts dynamically, asks `verify`, or probes the cost model is measured on the
 policy's own steps, not predicted (policies/dspark_gates.py); so is whether speculating pays at
 all against not speculating (the rail, policies/dspark_rail.py). In a closing run, only the
-sequences that decide when it ends draft (policies/dspark_closing.py). After plans that draft
+sequences that decide when it ends draft, where the cost model prices a verified token at least
+what a decoded one costs (policies/dspark_closing.py). After plans that draft
 nothing, the next steps go plain unplanned for a doubling while (policies/dspark_spell.py). With
 `jump`, a step that verifies any draft pays a jump over a plain one (a ragged pass), measured on
 the run's steps (policies/dspark_jump.py): plans price it, and a model-free draft is verified only
@@ -84,7 +85,8 @@ class DSpark(DepthPolicy):
         rail: draft nothing where the run's own speculating steps measure slower than its plain
             ones (policies/dspark_rail.py; live only).
         closing: in a closing run, step plain the sequences expected to finish by the slowest
-            one anyway (policies/dspark_closing.py).
+            one anyway, where a verified token costs what a decoded one does
+            (policies/dspark_closing.py).
         spell: after plans that draft nothing, skip planning for a doubling number of steps
             (policies/dspark_spell.py; live only).
         jump: price the jump in a step's time from plain to verifying a draft, as measured on the
