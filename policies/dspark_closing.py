@@ -16,17 +16,19 @@ costs at half the batch (`decode_bound`).
 
 A sequence's tokens a step are the lower of its prior's and its own measure in this run (`Pace`):
 an optimistic guess for the slowest sequence would end the others early, and the run would then
-finish its slowest alone, in small steps that cost nearly as much as full ones.
+finish its slowest alone, in small steps that each pay the fixed part of a step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from specdepth.policies.base import StepCost
+
 PACE_STEPS = 4  # steps allowed to draft before a sequence's own measure counts
 
 
-def decode_bound(cost, batch_size: int, context_tokens: int) -> bool:
+def decode_bound(cost: StepCost, batch_size: int, context_tokens: int) -> bool:
     """Whether the step prices a verified token (N from B to 2B) at least what a decoded one costs
     (N from B / 2 to B, as the batch shrinks): the closing rule's premise. False at batch 1."""
     B = batch_size

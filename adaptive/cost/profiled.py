@@ -132,9 +132,10 @@ class ProfiledCost(OnlineRefinement, CostModel):
         if self.base_decode is not None:
             if self.base_decode.shape[1] != len(self.batch_grid) or not np.all(self.base_decode > 0):
                 raise ValueError("decode_s must be positive, one row per context over the draft batch grid")
+            table = _Interp(self.base_target, self.ctx_grid, self.token_grid)
+            at_b = table.grid_at(self.batch_grid)  # (Nc, Nb) the table at N = B tokens
             # the decode shape's offset to the table at N = B tokens: fixed (profiled, uncorrected)
-            self._offset_f = _Interp(self.base_decode - _Interp(self.base_target, self.ctx_grid, self.token_grid)
-                                     .grid_at(self.batch_grid), self.ctx_grid, self.batch_grid)
+            self._offset_f = _Interp(self.base_decode - at_b, self.ctx_grid, self.batch_grid)
         # (Nc, Nb) the target's pass at B sequences, one of them of two tokens (a verify of one
         # drafted token), or None; needs the decode table
         self.base_near = None if near_s is None or self.base_decode is None else \
@@ -143,8 +144,7 @@ class ProfiledCost(OnlineRefinement, CostModel):
             if self.base_near.shape[1] != len(self.batch_grid) or not np.all(self.base_near > 0):
                 raise ValueError("near_s must be positive, one row per context over the draft batch grid")
             # the near shape over the decode shape, less what the table prices from N = B to B + 1
-            table = _Interp(self.base_target, self.ctx_grid, self.token_grid)
-            priced = table.grid_at(self.batch_grid + 1) - table.grid_at(self.batch_grid)  # (Nc, Nb)
+            priced = table.grid_at(self.batch_grid + 1) - at_b  # (Nc, Nb)
             self._jump_f = _Interp(np.maximum(self.base_near - self.base_decode - priced, 0.0), self.ctx_grid,
                                    self.batch_grid)
         self.meta = dict(meta or {})

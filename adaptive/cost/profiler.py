@@ -5,8 +5,9 @@ sequences of T = min(N, tokens_per_seq) new tokens each (the last one ragged), l
 sequence holding an equal share of `context_tokens` in the KV cache; and in the decode shape, as a
 step that drafts nothing runs: `batch` sequences of one token (`ProfiledCost`'s decode table), and
 in the near shape, as a step that verifies one drafted token runs: the same with one sequence of
-two tokens (the jump to a ragged pass, `ProfiledCost.jump_s`). The cache is only advanced, never filled: attention cost depends on lengths, not values. A draft pass
-is `batch` sequences of one token.
+two tokens (the jump to a ragged pass, `ProfiledCost.jump_s`). The cache is only advanced, never
+filled: attention cost depends on lengths, not values. A draft pass is `batch` sequences of one
+token.
 
 Each point is the median of its timed forwards, each after a warm-up forward. The grid is timed
 in passes, every pass in a fresh shuffled order, so a slow spell of a shared machine spreads over
