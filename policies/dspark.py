@@ -160,7 +160,8 @@ class DSpark(DepthPolicy):
     def plan(self, ctx: PlanContext) -> np.ndarray:
         B, K = ctx.batch_size, ctx.max_depth
         m = self._measure
-        if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx)):
+        if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx),
+                                                                       quick=not _free_draft(ctx.cost)):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             return self._plain(ctx)
         if self._in_spell(ctx):  # the last plans drafted nothing: nor does this one

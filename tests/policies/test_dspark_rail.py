@@ -3,15 +3,18 @@ faster, keeps checking the other side, and counts a step only after two of its o
 
 from __future__ import annotations
 
-from specdepth.policies.dspark_rail import CHECK_BLOCK, RAIL_EVIDENCE, Rail
+import math
+
+from specdepth.policies.dspark_rail import (CHECK_BLOCK, CHECK_EVERY, DENSE_EVERY, QUICK_EVIDENCE, QUICK_ROWS,
+                                           RAIL_EVIDENCE, Rail, rail_key)
 
 
 def drive(rail: Rail, steps: int, B: int, spec_goodput: float, plain_goodput: float,
-          predicted: float) -> list[bool]:
+          predicted: float, quick: bool = False) -> list[bool]:
     """Run `steps` steps: each asks the rail, then reports its outcome with the step's time."""
     kinds, step_s = [], 0.0
     for step in range(steps):
-        spec = rail.speculates(B, lambda: predicted)
+        spec = rail.speculates(B, lambda: predicted, quick)
         kinds.append(spec)
         emitted = 3 * B if spec else B
         rail.observe(step, B, spec, emitted, step_s)
@@ -22,7 +25,7 @@ def drive(rail: Rail, steps: int, B: int, spec_goodput: float, plain_goodput: fl
 def test_speculation_that_measures_slower_is_turned_off_and_still_checked():
     rail = Rail()
     kinds = drive(rail, 600, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0)
-    b = rail.buckets[16 .bit_length()]
+    b = rail.bucket(16)
     assert b.plain.n >= RAIL_EVIDENCE and b.spec.n >= RAIL_EVIDENCE
     assert abs(b.spec.goodput - 1000) < 1 and abs(b.plain.goodput - 1500) < 1
     assert sum(kinds[-300:]) < 0.1 * 300  # off, but for the spaced checks
@@ -42,7 +45,7 @@ def test_a_step_counts_only_after_two_of_its_own_kind():
     rail = Rail()
     for step, spec in enumerate([True, True, True, False, False, True]):
         rail.observe(step, 4, spec, 8, 0.01)
-    b = rail.buckets[4 .bit_length()]
+    b = rail.bucket(4)
     # step 2 (after two spec) counted when step 3 reported its time; plain steps 3, 4 and spec 5
     # follow a switch, so none of them counts
     assert b.spec.n == 1 and b.plain.n == 0
@@ -53,4 +56,49 @@ def test_unknown_times_are_not_counted():
     rail = Rail()
     for step in range(20):
         rail.observe(step, 1, True, 3, 0.0)  # a replay: no wall time
-    assert rail.buckets[1].spec.n == 0
+    assert rail.bucket(1).spec.n == 0
+
+
+def test_a_drafter_that_pays_a_pass_is_judged_on_little_evidence_and_early():
+    """quick: the first plain block follows QUICK_EVIDENCE counted speculating steps, and a clear
+    verdict turns speculation off for the rest of a cold run's ~100 steps."""
+    rail = Rail()
+    kinds = drive(rail, 100, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0, quick=True)
+    first_plain = kinds.index(False)
+    assert QUICK_EVIDENCE * 16 >= QUICK_ROWS  # three steps of 16 sequences are evidence enough
+    assert first_plain <= QUICK_EVIDENCE + 3  # two warm steps, the counted ones, the last one's time
+    assert sum(kinds) <= first_plain + 2  # overruled from the verdict on, no check within the run
+    assert rail.bucket(16).every == 2 * CHECK_EVERY  # the verdict was clear: the next check comes later
+    # a model-free drafter keeps the long measure: nothing overruled before the dense checks
+    slow = drive(Rail(), 100, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0)
+    assert all(slow[:DENSE_EVERY - 1]) and sum(slow) > 3 * sum(kinds)
+
+
+def test_a_draining_batch_keeps_its_bucket_near_its_size():
+    assert [rail_key(b) for b in (1, 2, 3, 5, 6, 11, 12, 16, 22, 23, 45, 46, 64, 90, 91)] == \
+        [0, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 6, 7]
+    assert all(rail_key(b) == math.floor(math.log2(b) + 0.5) for b in range(1, 4097))
+    rail = Rail()
+    drive(rail, 30, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0, quick=True)
+    assert rail.bucket(13) is rail.bucket(16) and rail.bucket(13).plain.n >= QUICK_EVIDENCE
+    assert rail.bucket(11) is not rail.bucket(16)
+
+
+def test_a_bucket_next_to_one_where_plain_won_starts_plain_and_checks_later():
+    rail = Rail()
+    drive(rail, 40, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0, quick=True)
+    kinds = drive(rail, 100, 8, spec_goodput=700.0, plain_goodput=1000.0, predicted=900.0, quick=True)
+    first = kinds.index(True)
+    assert not any(kinds[:CHECK_EVERY]) and first == CHECK_EVERY  # plain, until speculation is checked
+    assert sum(kinds) <= -(-QUICK_ROWS // 8) + 3  # measured slower again: plain from then on
+    # where speculation measured faster, a neighbour measures it first
+    rail = Rail()
+    drive(rail, 40, 16, spec_goodput=1500.0, plain_goodput=1000.0, predicted=1400.0, quick=True)
+    assert drive(rail, 10, 8, spec_goodput=1000.0, plain_goodput=700.0, predicted=900.0, quick=True)[0]
+
+
+def test_a_small_batch_is_not_judged_quickly():
+    """Below QUICK_ROWS / RAIL_EVIDENCE sequences a step's yield varies too much: the long measure."""
+    quick = drive(Rail(), 100, 2, spec_goodput=200.0, plain_goodput=300.0, predicted=280.0, quick=True)
+    slow = drive(Rail(), 100, 2, spec_goodput=200.0, plain_goodput=300.0, predicted=280.0)
+    assert quick == slow and all(quick[:DENSE_EVERY - 1])
