@@ -257,6 +257,12 @@ class Controller:
             return arr.astype(bool)
         return keep
 
+    def proposes_free(self, step: int) -> bool:
+        """`policy.proposes_free(step)`: whether a hybrid drafter proposes its model-free draft
+        this step (a fault counts and proposes it)."""
+        val, fine = self._call("proposes_free", self.policy.proposes_free, step)
+        return bool(val) if fine else True
+
     def choose_fn(self, step: int, seq_ids: np.ndarray, context_lens: np.ndarray, budgets: np.ndarray):
         """The hybrid drafter's callback: which rows keep the model-free draft, however short
         (`choose_drafter`, shown its calibrated confidences); the others draft with the model. A

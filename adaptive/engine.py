@@ -320,6 +320,8 @@ class Engine:
         if self.chooses:  # a hybrid drafter: the model-free draft (to the room left, for a policy
             # that chooses; else to the budgets), then the choice
             caps = np.clip(room[live], 0, self.runner.max_depth) if ctl.policy.overrides("choose_drafter") else None
+            if caps is not None and not ctl.proposes_free(self.step_no):
+                caps = np.zeros_like(caps)  # a plain step: the budgets (0 where the plan drafts nothing) alone
             res = self.runner.step(slots, budgets, keep, verify, ctl.choose_fn(self.step_no, seq_ids, ctx_lens, budgets),
                                    caps)
         else:

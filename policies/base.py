@@ -200,6 +200,12 @@ class DepthPolicy:
         drafts every sequence to its budget, as a policy without `keep_drafting` does."""
         return True
 
+    def proposes_free(self, step: int) -> bool:
+        """Whether a hybrid drafter proposes its model-free draft this step (asked right after
+        `plan`, of a policy with `choose_drafter`): False drafts nothing at all, a plain step,
+        where the policy would check none of the free draft anyway."""
+        return True
+
     def choose_drafter(self, ctx: ChooseContext) -> np.ndarray:
         """(B,) bool: the sequences that keep the model-free draft, however short (none
         included); the others draft with the draft model to their budgets (hybrid drafter only).

@@ -273,9 +273,15 @@ class DSpark(DepthPolicy):
     def drafts_dynamically(self, step: int) -> bool:
         return step != self._measure.fixed_step
 
+    def proposes_free(self, step: int) -> bool:
+        return step != self._plain_step  # a plain step (the rail, a spell) checks no free draft: none proposed
+
     def observe(self, out: StepOutcome) -> None:
-        self._rail.observe(out.step, out.batch_size, bool(np.any(out.drafted > 0)),
-                           int(np.sum(out.accepted)) + out.batch_size, out.prev_step_s)
+        # a step planned plain is the rail's plain side even where a hybrid proposed free drafts
+        # (verify checks none of them): else the rail never measured a plain step there
+        speculated = out.step != self._plain_step and bool(np.any(out.drafted > 0))
+        self._rail.observe(out.step, out.batch_size, speculated, int(np.sum(out.accepted)) + out.batch_size,
+                           out.prev_step_s)
         if self.closing:
             self._pace.observe(out.seq_ids, out.budgets, out.accepted, out.finished)
         pc = self._plan_ctx

@@ -102,3 +102,24 @@ def test_a_small_batch_is_not_judged_quickly():
     quick = drive(Rail(), 100, 2, spec_goodput=200.0, plain_goodput=300.0, predicted=280.0, quick=True)
     slow = drive(Rail(), 100, 2, spec_goodput=200.0, plain_goodput=300.0, predicted=280.0)
     assert quick == slow and all(quick[:DENSE_EVERY - 1])
+
+
+def test_a_step_planned_plain_is_measured_plain_even_with_free_drafts():
+    """A hybrid proposes model-free drafts that a plain step checks none of: the rail counts the
+    step as plain by the plan, not by what was drafted (else it never measured a plain step)."""
+    import numpy as np
+
+    from specdepth.policies.base import StepOutcome
+    from specdepth.policies.dspark import DSpark
+
+    policy = DSpark()
+    B = 4
+    for step in range(8):
+        policy._plain_step = step if step >= 4 else -1  # steps 4.. planned plain (the rail, a spell)
+        drafted = np.full(B, 3)  # drafted every step: free drafts, verified or not
+        verified = drafted if step < 4 else np.zeros(B, np.int64)
+        policy.observe(StepOutcome(step, np.arange(B), np.full(B, 3), drafted, verified, np.zeros(B, np.int64),
+                                   np.full((B, 3), 0.5), np.full((B, 3), 0.5), 0.01, 0.0, 0.01, np.full(B, 50),
+                                   prev_step_s=0.01))
+    b = policy._rail.bucket(B)
+    assert b.spec.n == 2 and b.plain.n == 1  # two warm steps a side uncounted; the last one's time pending

@@ -80,6 +80,39 @@ def test_rows_that_keep_the_free_draft_cost_no_draft_pass(pair):
     assert (res.drafted == 4).all() and not res.free.any()
 
 
+class PlainEveryOther(RandomChooser):
+    """Every other step plain: budgets 0 and no free draft proposed (`proposes_free`)."""
+
+    def plan(self, ctx):
+        return np.zeros(ctx.batch_size, np.int64) if ctx.step % 2 else super().plan(ctx)
+
+    def proposes_free(self, step):
+        return step % 2 == 0
+
+
+def test_a_step_without_free_proposals_drafts_nothing(pair):
+    """`proposes_free` False: the hybrid proposes no model-free draft, so the step is plain (no
+    draft, no choice asked); the other steps draft both ways, and greedy output stays the target's."""
+    reqs = repeating_requests(12, 1)
+    policy = PlainEveryOther(2)
+    ctl = Controller(policy, max_depth=6)
+    runner = PairRunner(pair[0], pair[1], n_slots=4, max_depth=6, drafter="hybrid")
+    drafted_by_parity = [0, 0]
+    step, eng = runner.step, None
+
+    def counted(*a, **k):
+        res = step(*a, **k)
+        drafted_by_parity[eng.step_no % 2] += int(res.drafted.sum())
+        return res
+    runner.step = counted
+    eng = Engine(runner, ctl)
+    outs = eng.run(reqs)
+    for req, out in zip(reqs, outs):
+        assert out.output_ids == reference_greedy(pair[0], req.prompt_ids, req.max_new_tokens), req.request_id
+    assert drafted_by_parity[1] == 0 and drafted_by_parity[0] > 0, drafted_by_parity
+    assert not ctl.fallbacks, ctl.fallbacks
+
+
 def choose_ctx(top1: np.ndarray, budgets=None) -> ChooseContext:
     B = len(top1)
     return ChooseContext(0, np.arange(B), np.full(B, 10), np.full(B, 3) if budgets is None else budgets,
