@@ -325,7 +325,9 @@ class AcceptanceModel(AcceptanceState):
         self._refresh()
         prior = IDENTITY
         for p in range(cfg.max_positions):
-            self.weights[p] = prior = self._fit_position(self.cells[p], prior, self.weights[p])
+            if n_pos[p] > 0:  # without data the MAP is the prior itself (drafts deeper than any seen)
+                prior = self._fit_position(self.cells[p], prior, self.weights[p])
+            self.weights[p] = prior
         self.since_fit = 0
 
     def _fit_position(self, cells: np.ndarray, prior: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -152,18 +152,25 @@ class OnlineRefinement:
         first 2 / lr steps, then 2 / lr steps' memory; the slope ridge-shrunk toward its last
         value, both kept >= 0."""
         m = self._moments
-        m[0] += 1
         # an outlier (an engine's first step's one-off allocations, a pause) counts as at most twice
         # the prediction plus 1 ms, from the very first step; a true overhead above the cap is
         # reached by doubling in a few steps
         y = min(max(seconds, 0.0), 2.0 * (self.step_overhead_s + self.pass_overhead_s * passes) + 1e-3)
-        w = max(self.lr / 2, 1.0 / m[0])
-        m[1:] += w * (np.array([passes, y, passes * passes, passes * y]) - m[1:])
-        var, cov = m[3] - m[1] ** 2, m[4] - m[1] * m[2]
+        # in Python floats, element by element: the same float64 operations as on the (5,) array,
+        # without numpy's per-call cost on a path every step takes
+        n, ep, ey, epp, epy = (float(v) for v in m)
+        n += 1
+        w = max(self.lr / 2, 1.0 / n)
+        ep += w * (passes - ep)
+        ey += w * (y - ey)
+        epp += w * (passes * passes - epp)
+        epy += w * (passes * y - epy)
+        m[:] = (n, ep, ey, epp, epy)
+        var, cov = epp - ep ** 2, epy - ep * ey
         # ridge toward the current slope: little spread in the passes (a run that stopped drafting)
         # keeps what was learned instead of fitting noise
         self.pass_overhead_s = max((cov + 0.05 * self.pass_overhead_s) / (max(var, 0.0) + 0.05), 0.0)
-        self.step_overhead_s = max(m[2] - self.pass_overhead_s * m[1], 0.0)
+        self.step_overhead_s = max(ey - self.pass_overhead_s * ep, 0.0)
 
     def _correct(self, logcorr: np.ndarray, cols: np.ndarray, x: float, ctx: float, observed: float,
                  predicted: float) -> float | None:

@@ -417,3 +417,19 @@ def test_a_state_without_per_category_counts_still_gives_the_global_rates() -> N
     old.fit()
     np.testing.assert_allclose(old.global_rates, m.global_rates, rtol=1e-12)
     np.testing.assert_allclose(old.state_counts.sum(0), m.state_counts.sum(0), rtol=1e-12)
+
+
+def test_a_position_no_draft_reached_takes_its_prior_without_a_fit(monkeypatch):
+    """Drafts of at most J positions leave positions J + 1.. without data: their MAP fit is the
+    prior (the deepest fitted position's weights), taken as it is; the Newton steps run only
+    where there is data."""
+    m = AcceptanceModel(AcceptanceConfig(refit_every=10**9, first_refit=10**9))
+    feed(m, np.random.default_rng(3), 30, J=3)
+    fitted = []
+    real = AcceptanceModel._fit_position
+    monkeypatch.setattr(AcceptanceModel, "_fit_position",
+                        lambda self, cells, prior, w: fitted.append(1) or real(self, cells, prior, w))
+    m.fit()
+    assert len(fitted) == 3 < m.config.max_positions
+    assert np.array_equal(m.weights[3:], np.tile(m.weights[2], (m.config.max_positions - 3, 1)))
+    assert not np.array_equal(m.weights[2], m.weights[1])  # the fitted ones moved on their own data
