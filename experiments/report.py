@@ -92,10 +92,10 @@ SECTIONS: tuple[Section, ...] = (
             "python -m specdepth.experiments.bench.cold --batches 1 --kinds code --rounds 10 "
             "--variant dspark@suffix --variant static:k=8@suffix --out experiments/results/bench_cold_batch1.json"),
     Section("bench_cold_pays", "Cold runs at batch 1 and 16, over more rounds",
-            "As above, eight rounds at batch 1 and 16 on both prompt kinds: dspark with the default drafter, "
-            "with its opt-in jump pricing, and the best static depth of the same drafter.",
+            "As above, eight rounds at batch 1 and 16 on both prompt kinds: dspark with the default drafter "
+            "and with the draft model, and the best static depth of the default drafter.",
             "python -m specdepth.experiments.bench.cold --batches 1,16 --rounds 8 --variant off "
-            "--variant dspark@suffix --variant static:k=8@suffix --variant dspark:jump=true@suffix "
+            "--variant dspark@suffix --variant static:k=8@suffix --variant dspark "
             "--out experiments/results/bench_cold_pays.json"),
     Section("bench_drafters", "Model-free drafters on the target's own outputs",
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
