@@ -24,8 +24,9 @@ than one in a plain run (other passes have had the caches), and the other way ro
   model-free drafter: its vain step costs little, and its acceptance often rises only once the
   text repeats.
 - Then the side the rail is not on is checked by such a block every `every` steps (CHECK_EVERY,
-  or twice that where the first verdict is clear; doubling to RAIL_MAX while one side is clearly
-  ahead), so the comparison stays current.
+  or twice that where a quick first verdict is clear; doubling to RAIL_MAX while one side is
+  clearly ahead), so the comparison stays current. A quick verdict is costly to revisit (a block
+  of vain draft passes, the first catching up on every token since), a long one is not.
 - Where speculating measures slower, the plan is overruled to draft nothing, and the checks let
   speculation back when the text or the load changes.
 - A bucket first met next to one where plain steps measured faster starts plain, and checks
@@ -151,9 +152,10 @@ class Rail:
             return True
         reference = plain.goodput
         losing = spec.goodput < reference
-        if b.every == 0:  # the first verdict: the next check comes later where it is clear
-            clear = reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
-            b.every, b.wait = (2 * CHECK_EVERY if clear else CHECK_EVERY), 0
+        if b.every == 0:  # the first verdict: a quick one's next check comes later where it is clear
+            clear = quick and reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
+            b.every = 2 * CHECK_EVERY if clear else CHECK_EVERY
+            b.wait = 0 if quick else b.wait
         if b.wait >= b.every:  # check the side the rail is not on
             gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
             b.every = min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN else CHECK_EVERY

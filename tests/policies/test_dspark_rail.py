@@ -70,8 +70,10 @@ def test_a_drafter_that_pays_a_pass_is_judged_on_little_evidence_and_early():
     assert sum(kinds) <= first_plain + 2  # overruled from the verdict on, no check within the run
     assert rail.bucket(16).every == 2 * CHECK_EVERY  # the verdict was clear: the next check comes later
     # a model-free drafter keeps the long measure: nothing overruled before the dense checks
-    slow = drive(Rail(), 100, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0)
+    long = Rail()
+    slow = drive(long, 100, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0)
     assert all(slow[:DENSE_EVERY - 1]) and sum(slow) > 3 * sum(kinds)
+    assert long.bucket(16).every == CHECK_EVERY  # a long verdict is cheap to revisit: the usual spacing
 
 
 def test_a_draining_batch_keeps_its_bucket_near_its_size():
