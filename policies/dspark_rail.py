@@ -155,7 +155,7 @@ class Rail:
         if b.every == 0:  # the first verdict: a quick one's next check comes later where it is clear
             clear = quick and reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
             b.every = 2 * CHECK_EVERY if clear else CHECK_EVERY
-            b.wait = 0 if quick else b.wait
+            b.wait = 0 if quick or b.lean_plain else b.wait  # (a lean bucket has just measured speculation)
         if b.wait >= b.every:  # check the side the rail is not on
             gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
             b.every = min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN else CHECK_EVERY

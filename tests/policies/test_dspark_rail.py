@@ -93,6 +93,12 @@ def test_a_bucket_next_to_one_where_plain_won_starts_plain_and_checks_later():
     first = kinds.index(True)
     assert not any(kinds[:CHECK_EVERY]) and first == CHECK_EVERY  # plain, until speculation is checked
     assert sum(kinds) <= -(-QUICK_ROWS // 8) + 3  # measured slower again: plain from then on
+    # the long measure too: speculation measured once after the plain start, not again at once
+    rail = Rail()
+    drive(rail, 40, 16, spec_goodput=1000.0, plain_goodput=1500.0, predicted=1400.0, quick=True)
+    kinds = drive(rail, 200, 8, spec_goodput=700.0, plain_goodput=1000.0, predicted=900.0)
+    runs = "".join("s" if k else "." for k in kinds).split(".")
+    assert not any(kinds[:CHECK_EVERY]) and max(len(r) for r in runs) <= RAIL_EVIDENCE + 3, runs
     # where speculation measured faster, a neighbour measures it first
     rail = Rail()
     drive(rail, 40, 16, spec_goodput=1500.0, plain_goodput=1000.0, predicted=1400.0, quick=True)
