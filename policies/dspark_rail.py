@@ -140,22 +140,22 @@ class Rail:
         plain, spec = b.plain, b.spec
         b.wait += 1
         need = min(max(QUICK_EVIDENCE, -(-QUICK_ROWS // batch_size)), RAIL_EVIDENCE) if quick else RAIL_EVIDENCE
-        quick = need < RAIL_EVIDENCE  # a small batch's steps vary too much to be judged on a few
+        judged_quick = need < RAIL_EVIDENCE  # a small batch's steps vary too much to be judged on a few
         if spec.n < need:
             # speculation's own measure first, unless a neighbouring bucket measured it slower
             return not b.lean_plain or b.wait > CHECK_EVERY
         if plain.n < need:  # only measured plain steps may overrule the plan
-            if quick and plain.n > 0 and self.kinds[-1:] == [False]:
+            if judged_quick and plain.n > 0 and self.kinds[-1:] == [False]:
                 return False  # the quick block's last step waits for its time: one more plain step
-            if (quick or b.wait >= DENSE_EVERY) and spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain():
+            if (judged_quick or b.wait >= DENSE_EVERY) and spec.goodput < (1.0 + CLEAR_PREDICTED) * predicted_plain():
                 return self._check(b, False)
             return True
         reference = plain.goodput
         losing = spec.goodput < reference
         if b.every == 0:  # the first verdict: a quick one's next check comes later where it is clear
-            clear = quick and reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
+            clear = judged_quick and reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
             b.every = 2 * CHECK_EVERY if clear else CHECK_EVERY
-            b.wait = 0 if quick or b.lean_plain else b.wait  # (a lean bucket has just measured speculation)
+            b.wait = 0 if judged_quick or b.lean_plain else b.wait  # (a lean bucket has just measured speculation)
         if b.wait >= b.every:  # check the side the rail is not on
             gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
             b.every = min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN else CHECK_EVERY
