@@ -111,6 +111,18 @@ def by_n_kernel(size: int, x_ext: np.ndarray, row: np.ndarray, shift: bool, b: f
 
 
 @njit(cache=True)
+def point_kernel(n: float, ctx: float, far: float, t_table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray,
+                 shift: bool, o_table: np.ndarray, b_ext: np.ndarray, b: float, scale: float, overhead: float) -> float:
+    """`ProfiledCost.target_time(n, ctx, B)` of one step size n, as `by_n_kernel` prices each: the
+    target's row at `ctx` at n (with `shift`, plus the decode offset's row of `o_table` at b),
+    times `scale`, plus `overhead`."""
+    t = _interp_at(n, x_ext, row_kernel(t_table, ctx_grid, x_ext, ctx, far))
+    if shift:
+        t = max(t + _interp_at(b, b_ext, row_kernel(o_table, ctx_grid, b_ext, ctx, far)), 0.5 * t)
+    return t * scale + overhead
+
+
+@njit(cache=True)
 def prices_kernel(size: int, ctx: float, far: float, t_table: np.ndarray, ctx_grid: np.ndarray, x_ext: np.ndarray,
                   shift: bool, o_table: np.ndarray, b_ext: np.ndarray, b: float, d_table: np.ndarray, batch: float,
                   scale: float, overhead: float, d_scale: float, d_overhead: float) -> tuple[np.ndarray, float]:

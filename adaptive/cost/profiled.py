@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specdepth.adaptive.cost.base import CostModel, _like
-from specdepth.adaptive.cost.kernels import by_n_kernel, prices_kernel, refresh_kernel, row_kernel
+from specdepth.adaptive.cost.kernels import by_n_kernel, point_kernel, prices_kernel, refresh_kernel, row_kernel
 from specdepth.adaptive.cost.learning import CELL_SHARE, OnlineRefinement
 
 _FAR = 1e12  # a grid point far right of any step: np.interp then extrapolates the last segment
+_SCALARS = (int, float, np.integer, np.floating)
 
 
 class _Interp:
@@ -193,6 +194,13 @@ class ProfiledCost(OnlineRefinement, CostModel):
                     batch_size: int = 0) -> np.ndarray | float:
         if self._dirty:
             self._refresh()
+        if isinstance(n_tokens, _SCALARS):  # one size: the array path's floats, in one compiled call
+            shift = batch_size > 0 and self.base_decode is not None
+            o = self._offset_f if shift else self._target_f  # the offset's table (unread without the shift)
+            return float(point_kernel(float(n_tokens), float(context_tokens), _FAR, self._target_table, self.ctx_grid,
+                                      self._target_f.x_ext, shift, o.table, o.x_ext,
+                                      float(min(batch_size, self.batch_grid[-1])), math.exp(self.speed_logcorr),
+                                      self.step_overhead_s))
         t = self._target_f(context_tokens, n_tokens)
         if batch_size > 0 and self.base_decode is not None:  # priced in the step's shape (class doc)
             t = np.maximum(t + float(self._offset_f(context_tokens, min(batch_size, self.batch_grid[-1]))), 0.5 * t)

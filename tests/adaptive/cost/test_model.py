@@ -190,6 +190,12 @@ def test_profiled_target_by_n_is_target_time_bit_for_bit_in_every_step_shape():
                                  (2305, 10**7, 300), (130, 999.5, 3)):
                 want = np.asarray(c.target_time(np.arange(size), ctx, b), np.float64)
                 assert c.target_by_n(size, ctx, b).tobytes() == want.tobytes()
+                for n in {0, min(1, size - 1), size // 2, size - 1}:  # one size at a time (the compiled scalar path)
+                    for one in (n, np.int64(n), float(n)):
+                        got = c.target_time(one, ctx, b)
+                        assert type(got) is float and got.hex() == float(want[n]).hex()
+                half = c.target_time(2.5, ctx, b)  # between grid points
+                assert half.hex() == float(c.target_time(np.array([2.5]), ctx, b)[0]).hex()
                 for rows in (1, 3, 8, 64, 300, 1000):  # on, between and past the batch grid
                     target, draft = c.step_prices(size, ctx, rows, b)
                     assert target.tobytes() == want.tobytes() and draft == c.draft_time(rows, ctx)
