@@ -201,6 +201,29 @@ def observe_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.n
 
 
 @njit(cache=True)
+def observe_step_kernel(top1: np.ndarray, entropy: np.ndarray, d: np.ndarray, a: np.ndarray, conf: np.ndarray,
+                        w: np.ndarray, rows: np.ndarray, state_rates: np.ndarray, strength: float, z_edges: np.ndarray,
+                        h_edges: np.ndarray, eps: float, metrics: np.ndarray, brier_sum: np.ndarray,
+                        seq_stats: np.ndarray, state_counts: np.ndarray, cells: np.ndarray, cat_stats: np.ndarray) -> int:
+    """`AcceptanceModel.observe`'s step in one call: the global model's confidences (`calibrate_kernel`
+    without shifts), position 1's before its category shift (with the sequence's shift on columns
+    (2, 3), as `seq_shift_kernel`), each row's planning rates (row `state_rates[CAT of its seq_stats
+    row]`, (S, J)), then `observe_kernel`; rows must exist (`_row_for`). Returns its count."""
+    B, J = top1.shape
+    zero = np.zeros(B)
+    g_conf = calibrate_kernel(top1, entropy, w, zero, zero, eps)  # (B, J)
+    shift = np.empty(B)
+    g_rate = np.empty((B, J))
+    for r in range(B):
+        shift[r] = _row_shift(seq_stats, rows[r], 2, strength, eps)
+        g_rate[r] = state_rates[int(seq_stats[rows[r], 6])]
+    first_base = calibrate_kernel(top1[:, :1], entropy[:, :1], w[:1], shift, zero, eps)[:, 0]  # (B,)
+    pos = np.minimum(np.arange(J), w.shape[0] - 1)
+    return observe_kernel(top1, entropy, d, a, conf, g_conf, g_rate, first_base, rows, pos, z_edges, h_edges, eps,
+                          metrics, brier_sum, seq_stats, state_counts, cells, cat_stats)
+
+
+@njit(cache=True)
 def last_category(d: int, a: int) -> int:
     """Category in [1, 11) of a sequence's last verified step, d >= 1 positions verified, a of them
     accepted: its length (1, 2, 3, 4-7, 8 or more) and whether all were accepted. 0 (no verified

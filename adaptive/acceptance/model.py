@@ -51,7 +51,7 @@ import numpy as np
 from specdepth.adaptive.acceptance.config import (CAT, EPS, H_EDGES, IDENTITY, N_CATS, N_CELLS, N_FEAT, SEQ_COLS,
                                                   Z_EDGES, AcceptanceConfig, _logit, _sigmoid, refit_interval)
 from specdepth.adaptive.acceptance.state import AcceptanceState
-from specdepth.adaptive.acceptance.kernels import calibrate_kernel, observe_kernel, prior_kernel, seq_shift_kernel
+from specdepth.adaptive.acceptance.kernels import calibrate_kernel, observe_step_kernel, prior_kernel, seq_shift_kernel
 
 __all__ = ["CAT", "EPS", "H_EDGES", "IDENTITY", "N_CATS", "N_CELLS", "N_FEAT", "SEQ_COLS", "Z_EDGES",
            "AcceptanceConfig", "AcceptanceModel", "calibration_error"]
@@ -251,22 +251,17 @@ class AcceptanceModel(AcceptanceState):
         if not d.any():
             return  # nothing was verified: no observation, no calibration pair
         own = conf if conf is not None and np.shape(conf) == (B, J) else self.calibrate(seq_ids, top1, entropy)
-        g_conf = self._global_conf(top1, entropy)  # (B, J)
-        zero = np.zeros(B)
-        first_base = calibrate_kernel(top1[:, :1], entropy[:, :1], self.weights[:1], self._seq_shift(seq_ids, (2, 3)),
-                                      zero, EPS)[:, 0]  # (B,) position 1 without its category shift
         rows = np.array([self._row_for(int(s)) for s in np.ravel(seq_ids)], np.int64)  # may grow seq_stats
-        state = self.seq_stats[rows, CAT].astype(np.int64)  # (B,) before this step
         g_rate = self._per_refresh.get(("base", J))
         if g_rate is None:
-            g_rate = self._per_refresh["base", J] = self.base_rates(J)[0]  # (S, J)
-        g_rate = g_rate[state]  # (B, J) the planning baseline
+            g_rate = self._per_refresh["base", J] = self.base_rates(J)[0]  # (S, J) the planning baselines
         self._shift_cache.clear()
-        # the calibration tally, the sequences' histories, the per-state counts and the binned
-        # statistics, in one compiled loop over the verified positions (`observe_kernel`)
-        counted = observe_kernel(top1, entropy, d, a, np.asarray(own, np.float64), g_conf, g_rate, first_base,
-                                 rows, self._pos(J), Z_EDGES, H_EDGES, EPS, self.metrics, self.brier_sum,
-                                 self.seq_stats, self.state_counts, self.cells, self.cat_stats)
+        # the global model's confidences, each row's planning baseline, then the calibration tally, the
+        # sequences' histories, the per-state counts and the binned statistics, in one compiled call
+        # (`observe_step_kernel`; the shifts are those `calibrate` reads, as the statistics stand now)
+        counted = observe_step_kernel(top1, entropy, d, a, np.asarray(own, np.float64), self.weights, rows, g_rate,
+                                      self.config.seq_strength, Z_EDGES, H_EDGES, EPS, self.metrics, self.brier_sum,
+                                      self.seq_stats, self.state_counts, self.cells, self.cat_stats)
         self.since_fit += counted
         self.since_cat += counted
         if self.since_cat >= self.config.cat_refresh:
