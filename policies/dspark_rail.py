@@ -27,6 +27,10 @@ than one in a plain run (other passes have had the caches), and the other way ro
   or twice that where a quick first verdict is clear; doubling to RAIL_MAX while one side is
   clearly ahead), so the comparison stays current. A quick verdict is costly to revisit (a block
   of vain draft passes, the first catching up on every token since), a long one is not.
+  Speculation far ahead (by FAR_GAIN: a batch of one on repetitive text yields twice the tokens a
+  second) is checked only every RAIL_MAX steps: a plain block there costs half its steps' tokens,
+  and speculation's own measure, current at every step, still turns it off the step it falls below
+  the last plain measure.
 - Where speculating measures slower, the plan is overruled to draft nothing, and the checks let
   speculation back when the text or the load changes.
 - A bucket first met next to one where plain steps measured faster starts plain, and checks
@@ -50,6 +54,7 @@ DENSE_EVERY = 24  # a plain block in this many steps while the plain side lacks 
 CHECK_EVERY = 48  # ...then a block of the other side in this many, doubling while one is clearly ahead...
 RAIL_MAX = 384  # ...up to this many
 CLEAR_GAIN = 0.05  # a side ahead by more than this is clearly ahead
+FAR_GAIN = 0.5  # speculation ahead by more than this is far ahead: checked every RAIL_MAX steps
 CLEAR_PREDICTED = 0.25  # speculation this far above the predicted plain goodput needs no dense checks
 WARM = 2  # steps of its own kind before a step's time counts
 
@@ -152,13 +157,15 @@ class Rail:
             return True
         reference = plain.goodput
         losing = spec.goodput < reference
+        gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
         if b.every == 0:  # the first verdict: a quick one's next check comes later where it is clear
-            clear = judged_quick and reference > 0 and abs(spec.goodput / reference - 1.0) > CLEAR_GAIN
-            b.every = 2 * CHECK_EVERY if clear else CHECK_EVERY
+            b.every = 2 * CHECK_EVERY if judged_quick and abs(gain) > CLEAR_GAIN else CHECK_EVERY
             b.wait = 0 if judged_quick or b.lean_plain else b.wait  # (a lean bucket has just measured speculation)
+            if gain > FAR_GAIN:
+                b.every = RAIL_MAX
         if b.wait >= b.every:  # check the side the rail is not on
-            gain = spec.goodput / reference - 1.0 if reference > 0 else 0.0
-            b.every = min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN else CHECK_EVERY
+            b.every = RAIL_MAX if gain > FAR_GAIN else min(2 * b.every, RAIL_MAX) if abs(gain) > CLEAR_GAIN \
+                else CHECK_EVERY
             return self._check(b, losing)
         if losing:
             self.overruled += 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from specdepth.policies.dspark_rail import (CHECK_BLOCK, CHECK_EVERY, DENSE_EVERY, QUICK_EVIDENCE, QUICK_ROWS,
-                                           RAIL_EVIDENCE, Rail, rail_key)
+                                           RAIL_EVIDENCE, RAIL_MAX, Rail, rail_key)
 
 
 def drive(rail: Rail, steps: int, B: int, spec_goodput: float, plain_goodput: float,
@@ -39,6 +39,24 @@ def test_speculation_that_measures_faster_is_never_overruled():
     rail = Rail()
     kinds = drive(rail, 600, 1, spec_goodput=330.0, plain_goodput=300.0, predicted=300.0)
     assert rail.overruled == 0 and 0.8 < sum(kinds) / len(kinds) < 1  # close: plain blocks measure it
+
+
+def test_speculation_far_ahead_is_checked_only_every_rail_max_steps():
+    """A batch of one on repetitive text: dense plain blocks measure the plain side (the prediction
+    was close), then speculation at 3x is re-checked only every RAIL_MAX steps; at 1.2x the
+    spacing doubles from CHECK_EVERY."""
+    def gaps(kinds: list[bool]) -> list[int]:  # steps between the plain blocks' starts, less a block
+        starts = [i for i in range(1, len(kinds)) if kinds[i - 1] and not kinds[i]]
+        return [b - a - (CHECK_BLOCK - 1) for a, b in zip(starts, starts[1:])]
+
+    dense = DENSE_EVERY  # the wait before each block while the plain side lacks evidence
+    far = Rail()
+    assert gaps(drive(far, 1200, 1, spec_goodput=900.0, plain_goodput=300.0, predicted=800.0)) == \
+        [dense, dense, RAIL_MAX, RAIL_MAX]
+    assert far.bucket(1).plain.n >= RAIL_EVIDENCE and far.overruled == 0
+    near = Rail()
+    assert gaps(drive(near, 1200, 1, spec_goodput=360.0, plain_goodput=300.0, predicted=320.0)) == \
+        [dense, dense, CHECK_EVERY, 2 * CHECK_EVERY, 4 * CHECK_EVERY, RAIL_MAX]
 
 
 def test_a_step_counts_only_after_two_of_its_own_kind():
