@@ -392,8 +392,10 @@ class Controller:
             self.cost.ready()  # tables the step's learning rebuilds anyway: timed
             t = time.perf_counter()
             o_step, o_pass = self.cost.step_overhead_s, self.cost.pass_overhead_s
-            self.cost_track.append((float(self.cost.target_time(n_tok, ctx, B)) - o_step,
-                                    res.draft_passes * (float(self.cost.draft_time(B, ctx)) - o_pass),
+            draft = res.draft_passes * (float(self.cost.draft_time(B, ctx)) - o_pass)
+            if self.free_draft and res.draft_passes > 0 and hasattr(self.cost, "drafting_s"):
+                draft = self.cost.drafting_s(B)  # no pass: the proposing, as a plan that drafts prices it
+            self.cost_track.append((float(self.cost.target_time(n_tok, ctx, B)) - o_step, draft,
                                     o_step + o_pass * res.draft_passes, res.target_s, res.draft_s, rec.overhead_s))
             self.track_s += time.perf_counter() - t
         if self.learn_cost:

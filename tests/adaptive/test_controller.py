@@ -340,6 +340,29 @@ def test_the_engine_reports_each_steps_time_outside_the_passes(pair, workload):
     assert eng.stats.track_s == pytest.approx(ctl.track_s) and ctl.track_s > 0 and eng.stats.control_s > 0
 
 
+def test_a_model_free_drafters_proposing_is_in_the_whole_step_prediction(pair, workload):
+    """A model-free drafter runs no pass, but its proposing takes host time (`draft_s`): the
+    whole-step prediction holds what a drafting plan pays for it (`FreeDraftCost.drafting_s`,
+    learned from the steps before), not 0."""
+    from tests.adaptive.cost.test_model import make_profiled
+    reqs, _ = workload
+    ctl = Controller(make_policy("static:k=2"), max_depth=8, cost=make_profiled())
+    ctl.cost_track = []
+    eng = Engine(PairRunner(pair[0], pair[1], n_slots=4, max_depth=8, drafter="ngram"), ctl)
+    row_s = []  # the proposing's price per row before each step is learned from
+    observe = ctl.cost.observe
+
+    def spy(*args, **kwargs):
+        row_s.append(ctl.cost._rows.row_s)
+        observe(*args, **kwargs)
+    ctl.cost.observe = spy
+    eng.run(reqs)
+    track, log = np.array(ctl.cost_track), eng.stats.step_log
+    # a row's price x the step's batch where the step proposed (a draft pass in the log), else 0
+    want = [row_s[i] * B if passes > 0 else 0.0 for i, (_, _, _, _, passes, B, _) in enumerate(log) if i > 0]
+    assert track[:, 1].tolist() == want and sum(w > 0 for w in want) > len(want) / 2
+
+
 class CostRecorder(DepthPolicy):
     """static k = 2 that records the cost it is shown at plan and at verify, and cost_learns."""
     name = "cost-recorder"
