@@ -182,9 +182,11 @@ class DSpark(DepthPolicy):
         if self.probe and ctx.cost_learns:
             if deepest > 0 and m.probes_now(bucket, ctx, budgets, int(deepest), prices, self.price_draft):
                 budgets[:], deepest = 0, 0
-            elif deepest == 0 and not closing and (rows := m.try_rows(bucket, ctx, prices, self._draft_lag)) is not None:
-                budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
-                deepest, tried = int(budgets.max(initial=0)), True
+            elif deepest == 0 and not closing:
+                rows = m.try_rows(bucket, ctx, prices, self._draft_lag, _free_draft(ctx.cost))
+                if rows is not None:
+                    budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
+                    deepest, tried = int(budgets.max(initial=0)), True
         weigh_verify = self.weigh_verify and ctx.cost_learns
         if self.dynamic and deepest > 0 and not tried and m.asks_keep_drafting(bucket, ctx.step):
             m.fixed_budgets = budgets if self.follow_plan else np.minimum(budgets, 1)  # the measure's other arm

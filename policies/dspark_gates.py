@@ -12,7 +12,10 @@ two, as the cost model's overhead lines): what pays at batch 1 can lose at batch
   controller's time asking it; fixed and dynamic steps are measured apart.
 - probe (`probes_now`): now and then a plan predicted to gain little drafts nothing, and
 - try (`try_rows`): now and then a plan of nothing drafts one position,
-  so that a cost model learning online sees the steps the plan would otherwise never take.
+  so that a cost model learning online sees the steps the plan would otherwise never take. With
+  a model-free drafter a try also tests the plan's acceptance rates, which stop moving while
+  nothing is drafted: where its first position was accepted well above the rate the plan
+  assumed (`try_surprised`), the next plan of nothing tries again, until the rates catch up.
 
 Probes, tries and the verify gate act only where the controller learns its cost model
 (`PlanContext.cost_learns`). The ask gate acts everywhere; where the cost model is not learned (a
@@ -42,6 +45,7 @@ PROBE_MAX = 256  # up to this
 VERIFY_EVIDENCE = 8  # steps of a kind that asked `verify` before their measure may skip it...
 VERIFY_RATE = 0.05  # ...its running means' weight on a new such step, after the first 20...
 VERIFY_PROBE = 16  # ...and a step that would skip it still asks once in this many
+TRY_SURPRISE = 2.0  # a try whose accepted share beats the plan's rate by this many standard errors
 
 
 @dataclass
@@ -127,6 +131,9 @@ class SelfMeasure:
         self.dynamic_bucket = Bucket()  # ...and its bucket
         self.skip_verify_step = -1  # the last step whose `verify` is not worth asking
         self.last_ids = np.zeros(0, np.int64)  # the last plan's sequences (a try prefers newcomers)
+        # (step, (B,) rows it drafted for, (B,) the plan's position-1 rates) of the last try of a
+        # model-free drafter, until its outcome is observed
+        self.free_try: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def bucket(self, batch_size: int) -> Bucket:
         b = self.buckets.get(batch_size.bit_length())
@@ -148,16 +155,26 @@ class SelfMeasure:
         bucket.probes.back_off()
         return True
 
-    def try_rows(self, bucket: Bucket, ctx: PlanContext, prices: StepPrices, lag: DraftLag) -> np.ndarray | None:
+    def try_rows(self, bucket: Bucket, ctx: PlanContext, prices: StepPrices, lag: DraftLag,
+                 free: bool = False) -> np.ndarray | None:
         """(B,) bool: the sequences a plan of nothing drafts one position for anyway (None: not
-        this plan), so that mispriced draft passes cannot keep dspark at `off` for good.
+        this plan), so that mispriced draft passes, or rates learned from drafts poorer than the
+        drafter's now, cannot keep dspark at `off` for good.
 
         A due try drafts for the sequences new since the last plan (their draft caches need no
         catch-up), waiting up to PROBE_EVERY plans for one; then it drafts for every sequence,
-        unless their catch-up would cost more than a step without drafts."""
+        unless their catch-up would cost more than a step without drafts. A model-free drafter
+        (`free`) has no draft cache: its due try drafts for every sequence with a chance at once,
+        and is weighed when observed (`try_surprised`)."""
         if not bucket.tries.due():
             return None
         seq_ids = ctx.seq_ids
+        if free:
+            bucket.tries.back_off()
+            rates = np.asarray(ctx.prior_conf)[:, 0]  # (B,)
+            rows = rates > 0
+            self.free_try = (ctx.step, rows, rates)
+            return rows
         new = ~np.isin(seq_ids, self.last_ids)
         if not new.any() and (bucket.tries.held < PROBE_EVERY or (
                 lag.most > CATCH_UP_USUAL
@@ -212,6 +229,10 @@ class SelfMeasure:
                 cost_learns: bool) -> None:
         """Add a step's outcome to its bucket's measures (`prices`, `plan_ctx`: the step's own, if
         it was planned here; `cost_learns`: its plan's `PlanContext.cost_learns`)."""
+        if self.free_try is not None and self.free_try[0] == out.step:
+            if self.try_surprised(out, *self.free_try[1:]):
+                self.bucket(len(out.seq_ids)).tries = Spacing(every=1)  # the next plan of nothing tries again
+            self.free_try = None
         if out.verify_time_s > 0.0:
             self._weigh_verify(out, prices)
         if self.dynamic_step != out.step:
@@ -229,6 +250,20 @@ class SelfMeasure:
         n_eff = min(bucket.ask_n, 2.0 / ASK_RATE - 1.0)  # an exponential window's effective count
         se = math.sqrt(max(g2 - g1 * g1, 0.0) / n_eff)
         bucket.ask_gain, bucket.ask_se = (e_run / t_run) / (e_one / t_one) - 1.0, se
+
+    @staticmethod
+    def try_surprised(out: StepOutcome, rows: np.ndarray, rates: np.ndarray) -> bool:
+        """Whether a model-free drafter's try accepted its first position more often than the
+        plan's rates said, by TRY_SURPRISE standard errors: those rates were learned from drafts
+        poorer than the drafter's now (a fresh text repeats little at first), and a plan of
+        nothing observes nothing that would correct them. Rows that found no draft say nothing."""
+        shown = rows & (np.asarray(out.verified) > 0)  # (B,) tried rows with a first position verified
+        n = int(shown.sum())
+        if n == 0 or len(rates) != len(shown):
+            return False
+        r = float(np.mean(rates[shown]))
+        got = float(np.mean(np.asarray(out.accepted)[shown] > 0))
+        return got > r + TRY_SURPRISE * math.sqrt(r * (1.0 - r) / n)
 
     def _weigh_verify(self, out: StepOutcome, p: StepPrices | None) -> None:
         """A step that asked `verify`: the target time it saved and the time asking took, in its kind's measure."""

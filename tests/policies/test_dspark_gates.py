@@ -215,6 +215,45 @@ def test_a_try_waits_for_newcomers_then_drafts_every_sequence() -> None:
     assert tried(lambda step: [7, 8, 9] if step < arrival else [7, 8, 10]) == [(arrival, [0, 0, 1])]
 
 
+class FreeLinearCost(LinearCost):
+    """`LinearCost` as a model-free drafter's cost model prices it (`FreeDraftCost`): no draft pass."""
+
+    def draft_time(self, batch_size: int, context_tokens: int = 0) -> float:
+        return 0.0
+
+    def drafting_s(self, batch_size: int) -> float:
+        return 0.0
+
+
+def test_a_model_free_drafters_try_is_tried_again_while_it_beats_the_plans_rates() -> None:
+    """A model-free drafter has no draft cache to catch up: a due try drafts every sequence at once
+    (no wait for newcomers). Where its first position is accepted well above the plan's rate (the
+    rates stop moving while nothing is drafted, and a fresh text repeats little at first), the
+    next plan of nothing tries again; an unsurprising try backs the spacing off as before."""
+    cost = FreeLinearCost(target_s=0.020, target_per_token_s=0.020)  # a verified token costs a step: nothing pays
+    ids, P = np.arange(4), PROBE_EVERY
+
+    def run(accepted_at) -> list[int]:
+        policy, tried = DSpark(), []
+        for step in range(P + 12):
+            b = policy.plan(replace(make_plan_ctx(4, step=step, seq_ids=ids, prior_conf=0.3, cost=cost),
+                                    cost_learns=True))
+            if b.any():
+                assert b.tolist() == [1, 1, 1, 1] and not policy.verifies(step)  # verified as drafted
+                tried.append(step)
+            a = np.asarray(accepted_at(step), np.int64) * b
+            top1 = np.full((4, int(b.max())), 0.5)
+            policy.observe(StepOutcome(step, ids, b, b, b, a, top1, top1, 0.02, 0.0, 0.02, np.full(4, 100)))
+        return tried
+
+    # accepted at the plan's rate: the next try PROBE_EVERY plans after the first, as before
+    assert run(lambda step: [1, 0, 0, 0]) == [P - 1]
+    # all four accepted where the plan said 0.3 (> 0.3 + 2 x 0.23): the next plan of nothing tries
+    # again, while the tries surprise; then the spacing doubles from there (2, 4)
+    assert run(lambda step: [1, 1, 1, 1] if step <= P else [1, 0, 0, 0]) == [P - 1, P, P + 1, P + 3, P + 7]
+    assert run(lambda step: [1, 1, 1, 1]) == list(range(P - 1, P + 12))
+
+
 def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     """Going on past the first position gains in rare long streaks and loses a little on most
     steps (the bundled pair at batch 1). A steady 7% loss stops it after ASK_EVIDENCE asked steps,
