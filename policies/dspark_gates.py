@@ -257,9 +257,11 @@ class SelfMeasure:
         plan's rates said, by TRY_SURPRISE standard errors: those rates were learned from drafts
         poorer than the drafter's now (a fresh text repeats little at first), and a plan of
         nothing observes nothing that would correct them. Rows that found no draft say nothing."""
+        if len(rows) != len(out.seq_ids):  # a sequence left between the plan and the step: not weighed
+            return False
         shown = rows & (np.asarray(out.verified) > 0)  # (B,) tried rows with a first position verified
         n = int(shown.sum())
-        if n == 0 or len(rates) != len(shown):
+        if n == 0:
             return False
         r = float(np.mean(rates[shown]))
         got = float(np.mean(np.asarray(out.accepted)[shown] > 0))

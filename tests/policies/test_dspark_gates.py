@@ -252,6 +252,11 @@ def test_a_model_free_drafters_try_is_tried_again_while_it_beats_the_plans_rates
     # again, while the tries surprise; then the spacing doubles from there (2, 4)
     assert run(lambda step: [1, 1, 1, 1] if step <= P else [1, 0, 0, 0]) == [P - 1, P, P + 1, P + 3, P + 7]
     assert run(lambda step: [1, 1, 1, 1]) == list(range(P - 1, P + 12))
+    # a try whose step lost a sequence before it ran (cancelled after the plan) is not weighed
+    two = np.ones(2, np.int64)
+    gone = StepOutcome(0, ids[:2], two, two, two, two, np.full((2, 1), 0.5), np.full((2, 1), 0.5), 0.02, 0.0,
+                       0.02, np.full(2, 100))
+    assert not SelfMeasure.try_surprised(gone, np.ones(4, bool), np.full(4, 0.3))
 
 
 def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
