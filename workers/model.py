@@ -219,11 +219,13 @@ def _visible(positions: np.ndarray, span: int, rep: int) -> torch.Tensor:
 
 
 # A ragged batch attends as one (B, T) part, padded, while its B x T queries are at most PAD_LIMIT x
-# the queries of the two-part split (`attention_parts`). Padding reads each sequence's keys once,
-# the split reads the longer rows' keys twice and pays a second call, but padded queries cost
-# compute: it pays where most rows are longer than 1, not with one long row among many of 1
-# (measurements in docs/benchmarks.md).
+# the queries of the two-part split (`attention_parts`), or PAD_LIMIT x WIDE where at least a third
+# of its rows bring more than one token. Padding reads each sequence's keys once, the split reads
+# the longer rows' keys twice and pays a second call and its gathers in every layer, but padded
+# queries cost compute: it pays where many rows are longer than 1, not with one long row among many
+# of 1 (measurements in docs/benchmarks.md).
 PAD_LIMIT = 1.5
+WIDE = 4.0 / 3.0
 
 
 def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
@@ -232,7 +234,7 @@ def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
     """How a ragged batch's queries attend, on the host: one part, the batch padded to (B, T), or
     two: every sequence's first new token (B x 1, no padding), and the later tokens of the Bs
     sequences with more than one (padded to the longest, minus one). Padded when B x T <=
-    `pad_limit` (PAD_LIMIT if None) x (B + Bs (T - 1)).
+    `pad_limit` (PAD_LIMIT if None) x (B + Bs (T - 1)), that limit x WIDE where 3 Bs >= B.
 
     Returns the packed order, (N,) rows of the flat (B*T) batch, and the parts (tensors on the
     host). Each part's queries are consecutive packed rows: padded, row-major; split, every first
@@ -240,7 +242,8 @@ def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
     B, T = len(start), int(n_new.max())
     sub = np.flatnonzero(n_new > 1)  # (Bs,)
     valid = np.arange(T)[None, :] < n_new[:, None]  # (B, T)
-    if B * T <= (PAD_LIMIT if pad_limit is None else pad_limit) * (B + len(sub) * (T - 1)):
+    limit = (PAD_LIMIT if pad_limit is None else pad_limit) * (WIDE if 3 * len(sub) >= B else 1.0)
+    if B * T <= limit * (B + len(sub) * (T - 1)):
         pack = np.flatnonzero(valid)  # (N,) row-major
         span = int((start + n_new).max())
         part = AttnPart((B, T), slot_index(slots), span, _visible(start[:, None] + np.arange(T), span, rep),

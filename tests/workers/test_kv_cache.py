@@ -119,3 +119,21 @@ def test_attention_takes_the_kernel_s_output_in_any_memory_layout(n_new, monkeyp
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", other_layout)
     assert torch.equal(run(), plain)
+
+
+def _parts(n_new: list[int]) -> int:
+    """How many attention parts a ragged batch of these new-token counts runs in (context 100 each)."""
+    import numpy as np
+    from specdepth.workers.model import attention_parts
+    B = len(n_new)
+    _, parts = attention_parts(np.full(B, 100), np.array(n_new), 2, lambda s: torch.from_numpy(s), np.arange(B))
+    return len(parts)
+
+
+def test_attention_pads_a_batch_where_many_rows_are_long_and_splits_one_long_row_among_many_of_one() -> None:
+    assert _parts([9] + [1] * 15) == 2  # 144 padded queries against 24 split: split
+    assert _parts([2] + [1] * 15) == 2  # one long row: the split, however little it pads (PAD_LIMIT)
+    assert _parts([3] * 8 + [1] * 8) == 1  # 48 against 32: within PAD_LIMIT
+    # 8 of 14 rows longer than 1: 126 padded queries against 78 split, within PAD_LIMIT x WIDE
+    assert _parts([9, 3, 4, 2, 5, 2, 3, 6, 1, 1, 1, 1, 1, 1]) == 1
+    assert _parts([9, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) == 2  # 2 of 14 long: the plain limit, split
