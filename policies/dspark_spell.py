@@ -3,8 +3,8 @@
 A batch past the compute knee plans nothing step after step, and each plan (priors, step prices,
 the allocation) costs ~0.3 ms of host time at batch 16 to 64 on the CPU pair, 3% of a plain step
 that `off` does not pay. After a plan that drafts nothing, the next 1, 2, 4, ... SPELL_MAX steps
-are plain without a plan; a plan that drafts ends the spell, unless `verify` then admits none of
-its draft (the step was plain after all). A spell also ends where the batch
+are plain without a plan; a plan that drafts ends the spell (with dspark's `jump`, unless `verify`
+then admits none of its draft: the step was plain after all). A spell also ends where the batch
 changes (a sequence joins or leaves), or the run starts closing: those are what make a plan
 change its mind between steps.
 
