@@ -3,6 +3,7 @@ alone (full causal recompute, no cache), across random prefill / forward / rollb
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +13,7 @@ from specdepth.workers.kv_cache import KVCache
 from specdepth import workers
 import specdepth.workers.model
 import specdepth.workers.padding
-from specdepth.workers.model import ModelConfig, Transformer
+from specdepth.workers.model import ModelConfig, Transformer, attention_parts
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 MODEL = Transformer(CFG)
@@ -123,8 +124,6 @@ def test_attention_takes_the_kernel_s_output_in_any_memory_layout(n_new, monkeyp
 
 def _parts(n_new: list[int]) -> int:
     """How many attention parts a ragged batch of these new-token counts runs in (context 100 each)."""
-    import numpy as np
-    from specdepth.workers.model import attention_parts
     B = len(n_new)
     _, parts = attention_parts(np.full(B, 100), np.array(n_new), 2, lambda s: torch.from_numpy(s), np.arange(B))
     return len(parts)
