@@ -138,7 +138,7 @@ class Attention(nn.Module):
                 values = values.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True)
             return self.wo(y.transpose(1, 2).reshape(B, T, cfg.n_heads * hd))
-        cache.write(layer, meta.write_slots, meta.write_pos, k, v)
+        cache.write(layer, meta.write_rows, meta.write_pos, k, v)
         if meta.pack is None:  # every row full: the batch is one part, nothing to gather
             B, T = meta.parts[0].shape
             return self.wo(self._attend(q.view(B, T, cfg.n_heads, hd), layer, cache, meta.parts[0]).view(B * T, -1))
@@ -194,7 +194,7 @@ class AttnPart:
     """Sequences whose queries attend in one call: Bp sequences, each padded to Tp queries."""
 
     shape: tuple[int, int]  # (Bp, Tp)
-    read_index: slice | torch.Tensor  # their cache slots (a slice when consecutive: no copy)
+    read_index: slice | torch.Tensor  # their cache rows (a slice when consecutive: no copy)
     span: int  # S: keys to read
     mask: Optional[torch.Tensor]  # (Bp, 1, rep*Tp, S) bool: key s visible to query t (repeated per query head); None: all
     rows: slice = field(default_factory=lambda: slice(None))  # the part's queries: a run of consecutive rows of the packed batch
@@ -206,7 +206,7 @@ class BatchMeta:
     """Where a ragged batch's new tokens go in the cache and which keys each attends to."""
 
     pack: Optional[torch.Tensor]  # (N,) long: valid tokens' rows in the flat (B*T) batch, in packed order; None: all valid
-    write_slots: torch.Tensor  # (N,) long: the cache slot of each new token
+    write_rows: torch.Tensor  # (N,) long: the cache row of each new token
     write_pos: torch.Tensor  # (N,) long: its position there
     parts: list[AttnPart]  # one part, or the two of `attention_parts` where one would pad more than PAD_LIMIT allows
     last: Optional[torch.Tensor] = None  # (B,) long: each sequence's last new token's packed row
@@ -229,7 +229,7 @@ WIDE = 4.0 / 3.0
 
 
 def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
-                    slot_index: Callable[[np.ndarray], slice | torch.Tensor], slots: np.ndarray,
+                    slot_index: Callable[[np.ndarray], slice | torch.Tensor], rows: np.ndarray,
                     pad_limit: float | None = None) -> tuple[np.ndarray, list[AttnPart]]:
     """How a ragged batch's queries attend, on the host: one part, the batch padded to (B, T), or
     two: every sequence's first new token (B x 1, no padding), and the later tokens of the Bs
@@ -246,18 +246,18 @@ def attention_parts(start: np.ndarray, n_new: np.ndarray, rep: int,
     if B * T <= limit * (B + len(sub) * (T - 1)):
         pack = np.flatnonzero(valid)  # (N,) row-major
         span = int((start + n_new).max())
-        part = AttnPart((B, T), slot_index(slots), span, _visible(start[:, None] + np.arange(T), span, rep),
+        part = AttnPart((B, T), slot_index(rows), span, _visible(start[:, None] + np.arange(T), span, rep),
                         slice(0, len(pack)), torch.from_numpy(pack))
         return pack, [part]
     span1 = int((start + 1).max())
     mask1 = None if (start == start[0]).all() else _visible(start[:, None], span1, rep)
-    parts = [AttnPart((B, 1), slot_index(slots), span1, mask1, slice(0, B))]
+    parts = [AttnPart((B, 1), slot_index(rows), span1, mask1, slice(0, B))]
     Tp = T - 1
     later = valid[sub, 1:]  # (Bs, Tp)
     pack = np.concatenate([np.arange(B) * T, (sub[:, None] * T + 1 + np.arange(Tp))[later]])  # (N,)
     span = int((start[sub] + n_new[sub]).max())
     dst = None if later.all() else torch.from_numpy(np.flatnonzero(later))
-    parts.append(AttnPart((len(sub), Tp), slot_index(slots[sub]), span,
+    parts.append(AttnPart((len(sub), Tp), slot_index(rows[sub]), span,
                           _visible(start[sub, None] + 1 + np.arange(Tp), span, rep), slice(B, len(pack)), dst))
     return pack, parts
 
@@ -327,11 +327,16 @@ class Transformer(nn.Module):
         if span > cache.max_len:
             raise ValueError(f"sequence exceeds the context of {cache.max_len} tokens")
         rep = self.cfg.n_heads // self.cfg.n_kv_heads
+        rows_h = cache.rows(slots_h)  # (B,) their rows in the cache
+        order = None if (np.diff(rows_h) > 0).all() else np.argsort(rows_h)  # (B,)
+        if order is not None:  # run in row order (consecutive rows read as a view), results back in the caller's
+            rows_h, start_h, n_h = rows_h[order], start_h[order], n_h[order]
+            tokens = tokens[torch.from_numpy(order).to(dev)]
         tokens = tokens.flatten()  # (B*T,)
         if padding.runs_padded(B, T, int(n_h.sum())):  # (nearly) every row full: one padded part, no packing
-            meta, pos_c = self._padded_meta(cache, slots_h, start_h, T, span, rep)
+            meta, pos_c = self._padded_meta(cache, rows_h, start_h, T, span, rep)
         else:  # per-token layers run on the N valid tokens only; attention padded (or in two parts)
-            meta, pos_c = self._packed_meta(cache, slots_h, start_h, n_h, T, rep)
+            meta, pos_c = self._packed_meta(cache, rows_h, start_h, n_h, T, rep)
             tokens = tokens[meta.pack]
         cos, sin = self.rope_cos[pos_c], self.rope_sin[pos_c]  # (N, hd)
         x = self.embed(tokens)  # (N, dim)
@@ -340,16 +345,23 @@ class Transformer(nn.Module):
         cache.advance(slots, n_new)
         if not logits:
             return None
+        back = None if order is None else torch.from_numpy(np.argsort(order)).to(dev)  # (B,) caller's row -> run's
         if last:  # each sequence's last new token: its row in the packed (N,) or flat (B*T,) batch
             if T > 1:
-                x = x[meta.last if meta.pack is not None else torch.arange(B, device=dev) * T + (n_new - 1)]
+                x = x[meta.last if meta.pack is not None else torch.from_numpy(np.arange(B) * T + n_h - 1).to(dev)]
+            x = x if back is None else x[back]
             return self.lm_head(self.norm(x)).float()  # (B, V)
         out = self.lm_head(self.norm(x)).float()  # (N, V)
         if meta.pack is None:
-            return out.view(B, T, -1)
-        return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, meta.pack, out).view(B, T, -1)
+            out = out.view(B, T, -1)
+            return out if back is None else out[back]
+        pack = meta.pack
+        if order is not None:  # packed rows b * T + t of the run's order, in the caller's
+            p = pack.cpu().numpy()
+            pack = torch.from_numpy(order[p // T] * T + p % T).to(dev)
+        return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, pack, out).view(B, T, -1)
 
-    def _padded_meta(self, cache: KVCache, slots: np.ndarray, start: np.ndarray, T: int, span: int,
+    def _padded_meta(self, cache: KVCache, rows: np.ndarray, start: np.ndarray, T: int, span: int,
                      rep: int) -> tuple[BatchMeta, torch.Tensor]:
         """A batch run padded to (B, T) as one attention part, its indices built on the host (a
         draft pass at batch 1 spent a third of its time building them with small tensor ops).
@@ -360,25 +372,25 @@ class Transformer(nn.Module):
             mask = None  # each row's one query sees all of its span keys
         else:
             mask = _visible(positions, span, rep).to(dev)  # (B, 1, rep*T, span)
-        index = cache.slot_index(slots)
+        index = cache.slot_index(rows)
         if torch.is_tensor(index):
             index = index.to(dev)
         # a padded token's key lands past its sequence's new length (never read: the next write
         # there overwrites it), or in the scratch column where it would pass the cache's end
-        write_slots = torch.from_numpy(np.repeat(slots, T)).to(dev)  # (B*T,)
+        write_rows = torch.from_numpy(np.repeat(rows, T)).to(dev)  # (B*T,)
         write_pos = torch.from_numpy(np.minimum(positions, cache.max_len).ravel()).to(dev)  # (B*T,)
         pos_c = torch.from_numpy(np.minimum(positions, self.cfg.max_seq_len).ravel()).to(dev)  # (B*T,)
-        meta = BatchMeta(None, write_slots, write_pos,
-                         [AttnPart((len(slots), T), index, span, mask)])
+        meta = BatchMeta(None, write_rows, write_pos,
+                         [AttnPart((len(rows), T), index, span, mask)])
         return meta, pos_c
 
-    def _packed_meta(self, cache: KVCache, slots: np.ndarray, start: np.ndarray, n_new: np.ndarray,
+    def _packed_meta(self, cache: KVCache, rows: np.ndarray, start: np.ndarray, n_new: np.ndarray,
                      T: int, rep: int) -> tuple[BatchMeta, torch.Tensor]:
         """A ragged batch: per-token layers on its N valid tokens, attention in one padded part or
         two (`attention_parts`), its indices built on the host. Returns the metadata and each valid
         token's RoPE position (N,)."""
         dev = self.device
-        pack, parts = attention_parts(start, n_new, rep, cache.slot_index, slots)  # pack: (N,) flat rows
+        pack, parts = attention_parts(start, n_new, rep, cache.slot_index, rows)  # pack: (N,) flat rows
         for part in parts:
             part.read_index = part.read_index.to(dev) if torch.is_tensor(part.read_index) else part.read_index
             part.mask = None if part.mask is None else part.mask.to(dev)
@@ -386,9 +398,9 @@ class Transformer(nn.Module):
         row, t = pack // T, pack % T  # (N,) each: the sequence and the new token of every packed row
         positions = start[row] + t  # (N,): valid tokens stay inside the cache
         end = np.flatnonzero(t == n_new[row] - 1)  # (B,) packed rows of the sequences' last new tokens
-        last = np.empty(len(slots), np.int64)  # (B,)
+        last = np.empty(len(rows), np.int64)  # (B,)
         last[row[end]] = end
-        meta = BatchMeta(torch.from_numpy(pack).to(dev), torch.from_numpy(slots[row]).to(dev),
+        meta = BatchMeta(torch.from_numpy(pack).to(dev), torch.from_numpy(rows[row]).to(dev),
                          torch.from_numpy(positions).to(dev), parts, torch.from_numpy(last).to(dev))
         return meta, torch.from_numpy(np.minimum(positions, self.cfg.max_seq_len)).to(dev)
 

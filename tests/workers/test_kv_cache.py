@@ -21,7 +21,9 @@ MODEL.init_weights(0)
 MODEL.eval()
 
 # an op: (sequence index, action, new tokens or rollback amount)
-op = st.tuples(st.integers(0, 3), st.sampled_from(["forward", "rollback"]),
+# (restart: the sequence leaves, its slot is released, moving another sequence's keys into its row,
+# and a new sequence takes a slot with these tokens as its prompt)
+op = st.tuples(st.integers(0, 3), st.sampled_from(["forward", "rollback", "restart"]),
                st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=9))
 
 
@@ -51,8 +53,13 @@ def test_ragged_forward_matches_each_sequence_alone(pad_limit, prompts, program,
             for i, act, toks in ops:
                 if act == "rollback":  # drop the last len(toks) positions, keep at least one
                     keep = max(1, len(seqs[i]) - len(toks))
-                    cache.truncate(slots[i], keep)
-                    seqs[i] = seqs[i][:keep]
+                    if seqs[i]:  # (not a new sequence before its prompt)
+                        cache.truncate(slots[i], keep)
+                        seqs[i] = seqs[i][:keep]
+                elif act == "restart":
+                    cache.release(slots[i])
+                    slots[i], seqs[i] = cache.allocate(), []
+                    fwd[i] = toks
                 elif len(seqs[i]) + len(toks) <= CFG.max_seq_len:
                     fwd[i] = toks  # one entry per sequence per call (the last wins)
             if not fwd:
@@ -73,7 +80,8 @@ def test_ragged_forward_matches_each_sequence_alone(pad_limit, prompts, program,
 @pytest.mark.parametrize("n_new", [[3, 3, 3], [1, 3, 2], [1, 1, 1], [4]], ids=["full", "ragged", "one", "single"])
 def test_last_token_logits_are_the_full_logits_last_rows(n_new, pad_limit):
     """`last=True` (a draft pass: only each sequence's next-token distribution is read) gives the
-    rows of the full logits at each sequence's last new token, and advances the cache the same."""
+    rows of the full logits at each sequence's last new token, and advances the cache the same,
+    with the batch's slots out of their rows' order (the first slot's release moved the last)."""
     B, T = len(n_new), max(n_new)
     gen = torch.Generator().manual_seed(len(n_new) * 10 + T)
     prefix = torch.randint(0, CFG.vocab_size, (B, 5), generator=gen)
@@ -82,8 +90,10 @@ def test_last_token_logits_are_the_full_logits_last_rows(n_new, pad_limit):
     outs, lens = [], []
     with torch.no_grad():
         for last in (False, True):
-            cache = KVCache(CFG.n_layers, B, CFG.n_kv_heads, CFG.hd, CFG.max_seq_len, torch.float32, "cpu")
-            slots = torch.tensor([cache.allocate() for _ in range(B)])
+            cache = KVCache(CFG.n_layers, B + 1, CFG.n_kv_heads, CFG.hd, CFG.max_seq_len, torch.float32, "cpu")
+            slots = [cache.allocate() for _ in range(B + 1)]
+            cache.release(slots.pop(0))
+            slots = torch.tensor(slots)
             MODEL(cache, slots, prefix, torch.full((B,), 5), logits=False)
             outs.append(MODEL(cache, slots, x, n, last=last))
             lens.append(cache.lengths_t(slots).tolist())
@@ -136,3 +146,27 @@ def test_attention_pads_a_batch_where_many_rows_are_long_and_splits_one_long_row
     # 8 of 14 rows longer than 1: 126 padded queries against 78 split, within PAD_LIMIT x WIDE
     assert _parts([9, 3, 4, 2, 5, 2, 3, 6, 1, 1, 1, 1, 1, 1]) == 1
     assert _parts([9, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) == 2  # 2 of 14 long: the plain limit, split
+
+
+def test_slots_in_use_hold_the_first_rows_and_keep_their_keys_through_releases() -> None:
+    """Whatever the order of allocations and releases, the slots in use sit in rows 0..used-1 (a
+    batch of all of them reads its keys as a view) and each keeps its own keys."""
+    cache = KVCache(2, 8, 1, 2, 6, torch.float32, "cpu")
+    rng = np.random.default_rng(0)
+    live: list[int] = []
+    for _ in range(200):
+        if live and (len(live) == 8 or rng.random() < 0.45):
+            cache.release(live.pop(int(rng.integers(len(live)))))
+        else:
+            s = cache.allocate()
+            n = int(rng.integers(1, 6))
+            cache.k[:, cache.row[s], :, :n] = float(s)  # this slot's keys: its id
+            cache.v[:, cache.row[s], :, :n] = -float(s)
+            cache.lengths[s] = n
+            live.append(s)
+        assert sorted(cache.rows(np.array(live, np.int64)).tolist()) == list(range(len(live)))
+        for s in live:
+            n = int(cache.lengths[s])
+            assert (cache.k[:, cache.row[s], :, :n] == s).all() and (cache.v[:, cache.row[s], :, :n] == -s).all()
+    full = np.sort(cache.rows(np.array(live, np.int64)))
+    assert isinstance(KVCache.slot_index(full), slice)
