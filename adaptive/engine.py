@@ -392,7 +392,11 @@ class Engine:
     def warm_up(self, prompt_ids: list[int], tokens: int = 8) -> None:
         """One throwaway request through this runner with a copy of this engine's controller: the
         compiled kernels load and the passes pay their first calls before anything is timed or
-        served (~0.4 s on the bundled pair here). This engine's state and statistics are untouched."""
+        served (~0.4 s on the bundled pair here), and a runner with `warm_up` builds its kernels for
+        every pass width. This engine's state and statistics are untouched."""
+        runner_warm_up = getattr(self.runner, "warm_up", None)
+        if runner_warm_up is not None:
+            runner_warm_up()
         try:
             depth = copy.deepcopy(self.depth) if isinstance(self.depth, Controller) else self.depth
         except Exception:  # a policy that cannot be copied (a user's, holding a resource): no warm-up

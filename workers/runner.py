@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdepth.workers import linear
 from specdepth.workers.compiled import compile_pair
 from specdepth.workers.drafters.base import Drafter
 from specdepth.workers.drafters.hybrid import ChooseFn
@@ -94,6 +95,11 @@ class PairRunner:
             target, draft, self.tcache, self.dcache, compile, max_depth, progress, buckets)
         self.drafter: Drafter = make_drafter(drafter, self, **(drafter_options or {})) \
             if isinstance(drafter, str) else drafter
+
+    def warm_up(self) -> None:
+        """Build the few-row linear kernels of both models at every token count a pass may bring
+        (`linear.warm_up`), before anything is timed or served."""
+        linear.warm_up(self.target, self.draft)
 
     @property
     def vocab_size(self) -> int:

@@ -142,6 +142,7 @@ class Replica:
         self._nudged = False
         self._min_s: Optional[float] = None  # the waiting exchange's `Work.min_s` (None: none waits)
         self._error: Optional[str] = None  # the loop failed; cleared by a reset
+        self.runner.warm_up()  # every pass width's linear kernels, before the first request pays them
         self._fresh()
         threading.Thread(target=self._loop, name="specdepth-replica-loop", daemon=True).start()
 

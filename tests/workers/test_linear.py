@@ -127,3 +127,27 @@ def test_a_model_decoding_through_the_packed_path_matches_its_training_forward(m
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
             done += t
     assert model.layers[0].mlp.w_up._packed is not None
+
+
+def test_warm_up_calls_each_linear_shape_once_at_every_row_count(monkeypatch):
+    """`warm_up` builds every kernel a pass may need: each distinct (weight shape, bias) at each of
+    1..SMALL_M_MAX rows, one layer per shape, and never with autograd on."""
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=16)
+    model = Transformer(cfg)
+    calls: dict[tuple, set[int]] = {}
+    layers: dict[tuple, set[int]] = {}
+    forward = Linear.forward
+
+    def spy(self, x):
+        assert not torch.is_grad_enabled()
+        key = (tuple(self.weight.shape), self.bias is None)
+        calls.setdefault(key, set()).add(x.shape[0])
+        layers.setdefault(key, set()).add(id(self))
+        return forward(self, x)
+
+    monkeypatch.setattr(Linear, "forward", spy)
+    workers.linear.warm_up(model, model, max_rows=5)
+    shapes = {(tuple(m.weight.shape), m.bias is None) for m in model.modules() if isinstance(m, Linear)}
+    assert set(calls) == shapes and len(shapes) >= 4  # wq, wk/wv, w_gate/w_up, w_down, lm_head
+    assert all(rows == {1, 2, 3, 4, 5} for rows in calls.values())
+    assert all(len(ids) == 1 for ids in layers.values())
