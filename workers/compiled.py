@@ -161,8 +161,9 @@ class CompiledModel:
         pos[:B] = start[:, None] + np.arange(Tb)  # (Bb, Tb); padded rows sit at position 0
         wpos = np.full((Bb, Tb), P, np.int64)  # padded rows write to the scratch column
         wpos[:B] = np.minimum(pos[:B], P)
-        slot_p = np.full(Bb, cache.row[slots[0]], np.int64)  # (Bb,) rows in the cache
-        slot_p[:B] = cache.rows(slots)
+        rows_c = cache.rows(slots)  # (B,) their rows in the cache
+        slot_p = np.full(Bb, rows_c[0], np.int64)  # (Bb,)
+        slot_p[:B] = rows_c
         mask = np.arange(S)[None, None, :] <= pos[:, :, None]  # (Bb, Tb, S)
         mask = np.repeat(mask[:, None], rep, axis=1).reshape(Bb, 1, rep * Tb, S)  # query heads folded
         rows = np.arange(Bb) * Tb + (np.concatenate([n_new, np.ones(Bb - B, np.int64)]) - 1 if last else 0)

@@ -331,7 +331,8 @@ class Transformer(nn.Module):
         order = None if (np.diff(rows_h) > 0).all() else np.argsort(rows_h)  # (B,)
         if order is not None:  # run in row order (consecutive rows read as a view), results back in the caller's
             rows_h, start_h, n_h = rows_h[order], start_h[order], n_h[order]
-            tokens = tokens[torch.from_numpy(order).to(dev)]
+            order_t = torch.from_numpy(order).to(dev)  # (B,) the run's row -> the caller's
+            tokens = tokens[order_t]
         tokens = tokens.flatten()  # (B*T,)
         if padding.runs_padded(B, T, int(n_h.sum())):  # (nearly) every row full: one padded part, no packing
             meta, pos_c = self._padded_meta(cache, rows_h, start_h, T, span, rep)
@@ -355,10 +356,7 @@ class Transformer(nn.Module):
         if meta.pack is None:
             out = out.view(B, T, -1)
             return out if back is None else out[back]
-        pack = meta.pack
-        if order is not None:  # packed rows b * T + t of the run's order, in the caller's
-            p = pack.cpu().numpy()
-            pack = torch.from_numpy(order[p // T] * T + p % T).to(dev)
+        pack = meta.pack if order is None else order_t[meta.pack // T] * T + meta.pack % T  # (N,) in the caller's rows
         return out.new_zeros(B * T, out.shape[-1]).index_copy_(0, pack, out).view(B, T, -1)
 
     def _padded_meta(self, cache: KVCache, rows: np.ndarray, start: np.ndarray, T: int, span: int,
