@@ -123,7 +123,9 @@ class SuffixDrafter:
         self.local: dict[int, TokenBuffer] = {}
         self.prompt_len: dict[int, int] = {}
         self.outputs: list[list[int]] = []  # the global index's documents, oldest first
-        self.glob = _Index()
+        self._size = 0  # their tokens, with a separator each
+        self.glob = _Index()  # indexes outputs[:_indexed]
+        self._indexed = 0
 
     # ---- sequences ----------------------------------------------------------------------------
     def add(self, slots: list[int], seqs: list[list[int]]) -> None:
@@ -135,34 +137,42 @@ class SuffixDrafter:
         return None  # committed tokens only grow; `propose` reads the new ones
 
     def remove(self, slot: int) -> None:
-        """The sequence's output (as far as its last proposal) joins the global index."""
+        """The sequence's output (as far as its last proposal) joins the global index's documents;
+        they are indexed at the next proposal (`index`), so a run that stops drafting stops paying."""
         own = self.local.pop(slot, None)
         start = self.prompt_len.pop(slot, 0)
         if own is None or self.max_cached == 0 or own.n <= start:
             return
         out = own.buf[start:own.n][-(self.max_cached - 1):].tolist() if self.max_cached > 1 else []
         self.outputs.append(out)
-        if len(self.glob.toks) + len(out) + 1 <= self.max_cached:
-            self.glob.extend(out + [SEP], self.lengths)
+        self._size += len(out) + 1
+        if self._size <= self.max_cached:
             return
-        # over the bound: keep the newest outputs that fill half of it, and re-index them (half,
-        # so that the next rebuild is max_cached / 2 new tokens away, not at the next request)
+        # over the bound: keep the newest outputs that fill half of it, to be re-indexed (half, so
+        # that the next rebuild is max_cached / 2 new tokens away, not at the next request)
         kept, size = [], 0
         for doc in reversed(self.outputs):
             if size + len(doc) + 1 > max(self.max_cached // 2, len(out) + 1):
                 break
             kept.append(doc)
             size += len(doc) + 1
-        self.outputs = kept[::-1]
-        self.glob = _Index()
-        for doc in self.outputs:
+        self.outputs, self._size = kept[::-1], size
+        self.glob, self._indexed = _Index(), 0
+
+    def index(self) -> _Index:
+        """The global index, brought up to date with the outputs finished since it last was."""
+        for doc in self.outputs[self._indexed:]:
             self.glob.extend(doc + [SEP], self.lengths)
+        self._indexed = len(self.outputs)
+        return self.glob
 
     # ---- drafting -----------------------------------------------------------------------------
     def propose(self, seqs: dict[int, list[int]], slots: np.ndarray, budgets: np.ndarray,
                 keep_fn: KeepFn | None) -> Proposal:
         drafts = {}
-        for r in np.flatnonzero(budgets > 0).tolist():
+        rows = np.flatnonzero(budgets > 0).tolist()
+        glob = self.index() if rows else self.glob
+        for r in rows:
             slot = int(slots[r])
             own, seq, budget = self.local[slot], seqs[slot], int(budgets[r])
             own.sync(seq)
@@ -170,8 +180,8 @@ class SuffixDrafter:
             hit = local_draft(own.buf, own.n, self.lengths_arr, budget, self.min_prob, self.spec_factor)
             if hit is not None:
                 best = _Draft(*hit)
-            if self.glob.where:
-                d = walk(self.glob, seq[-self.lengths[-1]:], self.lengths, budget, self.min_prob, self.spec_factor)
+            if glob.where:
+                d = walk(glob, seq[-self.lengths[-1]:], self.lengths, budget, self.min_prob, self.spec_factor)
                 if d is not None and (best is None or d.score > best.score):
                     best = d
             if best is not None:

@@ -63,11 +63,25 @@ def test_the_global_index_keeps_the_newest_outputs_within_its_bound():
         d.add([0], [[1]])
         propose(d, [1] + out, 1)
         d.remove(0)
-        sizes.append(len(d.glob.toks))
+        sizes.append(len(d.index().toks))
         assert len(d.glob.toks) == sum(len(o) + 1 for o in d.outputs) <= 24
     assert d.outputs[-1] == [108] * 4 + [208]
     # past the bound it keeps half and grows again: a rebuild every few outputs, not every one
     assert sizes == [6, 12, 18, 24, 12, 18, 24, 12, 18]
+
+
+def test_finished_outputs_are_indexed_at_the_next_draft_only():
+    """A run that stops drafting stops paying for the global index; the next draft finds every
+    earlier output, as if each had been indexed when it finished."""
+    d = drafter([1, 2], spec_factor=4.0)
+    propose(d, [1, 2, 10, 11, 12, 13, 14], 1)
+    d.remove(0)
+    d.add([0], [[7]])
+    assert propose(d, [7, 8], 0)[0] == [] and d.glob.toks == []  # no row drafts: nothing indexed
+    d.remove(0)
+    d.add([0], [[5, 10, 11]])
+    assert propose(d, [5, 10, 11], 3)[0] == [12, 13, 14]
+    assert d.glob.toks == [10, 11, 12, 13, 14, -1]
 
 
 def test_the_higher_scoring_index_wins():
