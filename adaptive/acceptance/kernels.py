@@ -230,3 +230,38 @@ def last_category(d: int, a: int) -> int:
     step yet, or an idle step since) is set elsewhere."""
     b = d - 1 if d <= 3 else (3 if d < 8 else 4)
     return 1 + 2 * b + (0 if a == d else 1)
+
+
+@njit(cache=True)
+def fit_position_kernel(cells: np.ndarray, prior: np.ndarray, w0: np.ndarray, ridge: float, newton_steps: int,
+                        eps: float) -> np.ndarray:
+    """`AcceptanceModel._fit_position`: MAP logistic regression of one position's binned statistics,
+    (4,) weights by damped Newton steps from `w0` toward `prior` (ridge `ridge`), stopping once a
+    step moves no weight by 1e-7. cells: (N_CELLS, 2 + 3) rows (n, accepted, feature sums)."""
+    m = 0
+    for c in range(cells.shape[0]):
+        if cells[c, 0] > 0:
+            m += 1
+    x = np.ones((m, 4))  # (m, 4) mean features of each used cell, and the intercept's column
+    n = np.empty(m)
+    acc = np.empty(m)
+    i = 0
+    for c in range(cells.shape[0]):
+        if cells[c, 0] > 0:
+            n[i], acc[i] = cells[c, 0], cells[c, 1]
+            for f in range(3):
+                x[i, f] = cells[c, 2 + f] / cells[c, 0]
+            i += 1
+    w = w0.copy()
+    eye = np.eye(4)
+    for _ in range(newton_steps):
+        z = x @ w
+        p = 1.0 / (1.0 + np.exp(-np.minimum(np.maximum(z, -30.0), 30.0)))
+        grad = x.T @ (acc - n * p) - ridge * (w - prior)
+        hess = (x.T * (n * p * (1 - p))) @ x + ridge * eye
+        step = np.linalg.solve(hess, grad)
+        step *= min(1.0, 4.0 / max(np.abs(step).max(), eps))  # damp wild first steps
+        w += step
+        if np.abs(step).max() < 1e-7:
+            break
+    return w

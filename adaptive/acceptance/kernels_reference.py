@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from specdepth.adaptive.acceptance.config import CAT, EPS, _clip, _logit
+from specdepth.adaptive.acceptance.config import CAT, EPS, _clip, _logit, _sigmoid
 
 
 def linear(top1: np.ndarray, entropy: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -45,3 +45,22 @@ def cat_shift(model: Any, rows: np.ndarray) -> np.ndarray:
     known = rows >= 0
     cat[known] = model.seq_stats[rows[known], CAT]
     return model.cat_shift[cat]
+
+
+def fit_position(cells: np.ndarray, prior: np.ndarray, w: np.ndarray, ridge: float, newton_steps: int) -> np.ndarray:
+    """`acceptance.kernels.fit_position_kernel`: MAP logistic regression on one position's binned
+    statistics (weights (4,)), by damped Newton steps."""
+    used = cells[:, 0] > 0
+    n, acc = cells[used, 0], cells[used, 1]  # (m,)
+    x = np.concatenate([cells[used, 2:] / n[:, None], np.ones((len(n), 1))], axis=1)  # (m, 4)
+    w = w.copy()
+    for _ in range(newton_steps):
+        p = _sigmoid(x @ w)
+        grad = x.T @ (acc - n * p) - ridge * (w - prior)
+        hess = (x.T * (n * p * (1 - p))) @ x + ridge * np.eye(4)
+        step = np.linalg.solve(hess, grad)
+        step *= min(1.0, 4.0 / max(np.abs(step).max(), EPS))  # damp wild first steps
+        w += step
+        if np.abs(step).max() < 1e-7:
+            break
+    return w

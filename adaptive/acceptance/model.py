@@ -49,9 +49,10 @@ from typing import Any
 import numpy as np
 
 from specdepth.adaptive.acceptance.config import (CAT, EPS, H_EDGES, IDENTITY, N_CATS, N_CELLS, N_FEAT, SEQ_COLS,
-                                                  Z_EDGES, AcceptanceConfig, _logit, _sigmoid, refit_interval)
+                                                  Z_EDGES, AcceptanceConfig, _logit, refit_interval)
 from specdepth.adaptive.acceptance.state import AcceptanceState
-from specdepth.adaptive.acceptance.kernels import calibrate_kernel, observe_step_kernel, prior_kernel, seq_shift_kernel
+from specdepth.adaptive.acceptance.kernels import (calibrate_kernel, fit_position_kernel, observe_step_kernel, prior_kernel,
+                                                   seq_shift_kernel)
 
 __all__ = ["CAT", "EPS", "H_EDGES", "IDENTITY", "N_CATS", "N_CELLS", "N_FEAT", "SEQ_COLS", "Z_EDGES",
            "AcceptanceConfig", "AcceptanceModel", "calibration_error"]
@@ -326,22 +327,10 @@ class AcceptanceModel(AcceptanceState):
         self.since_fit = 0
 
     def _fit_position(self, cells: np.ndarray, prior: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """MAP logistic regression on one position's binned statistics (weights (4,))."""
-        used = cells[:, 0] > 0
-        n, acc = cells[used, 0], cells[used, 1]  # (m,)
-        x = np.concatenate([cells[used, 2:] / n[:, None], np.ones((len(n), 1))], axis=1)  # (m, 4)
-        lam = self.config.ridge
-        w = w.copy()
-        for _ in range(self.config.newton_steps):
-            p = _sigmoid(x @ w)
-            grad = x.T @ (acc - n * p) - lam * (w - prior)
-            hess = (x.T * (n * p * (1 - p))) @ x + lam * np.eye(4)
-            step = np.linalg.solve(hess, grad)
-            step *= min(1.0, 4.0 / max(np.abs(step).max(), EPS))  # damp wild first steps
-            w += step
-            if np.abs(step).max() < 1e-7:
-                break
-        return w
+        """MAP logistic regression on one position's binned statistics (weights (4,)); the numpy
+        statements are `kernels_reference.fit_position`."""
+        return fit_position_kernel(np.ascontiguousarray(cells), prior, w, self.config.ridge, self.config.newton_steps,
+                                   EPS)
 
     # ---- calibration report ---------------------------------------------------------------
     def ece(self, raw: bool = False) -> float:

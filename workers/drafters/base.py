@@ -12,6 +12,7 @@ length), which the acceptance model calibrates like any other.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,4 +87,25 @@ def fixed_proposal(drafts: dict[int, tuple[list[int], list[float], list[float]]]
     def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
 
+    if keep_fn is None:
+        return Proposal(torch.from_numpy(tokens).to(device), None, read_off(budgets, feats, n_drafted))
     return Proposal(torch.from_numpy(tokens).to(device), None, draft_loop(budgets, draft_pass, keep_fn))
+
+
+def read_off(budgets: np.ndarray, feats: np.ndarray, n_drafted: np.ndarray) -> Drafted:
+    """`draft_loop`'s result for whole drafts when no `keep_fn` is asked, read off in a few array
+    calls instead of one round of them per position (~0.1 ms a step here). A row of budget > 0
+    takes part in the loop's passes up to its last token, and one more where its draft ended short
+    of its budget; the loop runs as many passes as its longest-running row.
+
+    Args:
+        budgets: (B,) int64; feats: (B, >= K, 2) float (top1, entropy), 0 past each draft;
+        n_drafted: (B,) int64 tokens drafted, at most the budgets.
+    """
+    t = time.perf_counter()
+    K = int(budgets.max(initial=0))
+    runs = budgets > 0
+    last = np.where(n_drafted < budgets, n_drafted + 1, n_drafted)[runs]  # (b,) passes each row takes part in
+    passes = int(last.max(initial=0))
+    return Drafted(np.where(runs, n_drafted, 0), feats[:, :K, 0].copy(), feats[:, :K, 1].copy(), passes, 0.0,
+                   time.perf_counter() - t if passes else 0.0)

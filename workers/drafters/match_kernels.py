@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+SEP = -1  # between the documents of a token array (the suffix drafter's global index): never a token
+
 
 @njit(cache=True)
 def longest_match(toks: np.ndarray, n: int, lengths: np.ndarray) -> tuple[np.ndarray, int]:
@@ -56,8 +58,9 @@ def longest_match(toks: np.ndarray, n: int, lengths: np.ndarray) -> tuple[np.nda
 @njit(cache=True)
 def walk_tokens(toks: np.ndarray, n: int, occ: np.ndarray, match: int, budget: int, min_prob: float,
                 spec_factor: float, out_tok: np.ndarray, out_top1: np.ndarray) -> tuple[int, float]:
-    """The suffix-tree walk from `occ` over toks[:n] (`suffix.walk`'s rule): writes the draft into
-    out_tok, out_top1 (each >= budget long); returns (tokens drafted, score)."""
+    """The suffix-tree walk from `occ` over toks[:n] (`suffix.walk`'s rule; a SEP is followed by
+    nothing): writes the draft into out_tok, out_top1 (each >= budget long); returns (tokens
+    drafted, score)."""
     limit = min(budget, max(1, int(spec_factor * match)))
     total = occ.size
     cur = occ.copy()
@@ -70,7 +73,7 @@ def walk_tokens(toks: np.ndarray, n: int, occ: np.ndarray, match: int, budget: i
         c = 0
         for i in range(m):
             p = cur[i]
-            if p < n:
+            if p < n and toks[p] != SEP:
                 vals[c] = toks[p]
                 pos[c] = p
                 c += 1

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdepth.workers.drafters.base import Proposal, TokenBuffer, fixed_proposal
-from specdepth.workers.drafters.match_kernels import local_draft
+from specdepth.workers.drafters.match_kernels import SEP, local_draft, walk_tokens
 from specdepth.workers.drafting import KeepFn
 
 MATCH_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths indexed and matched
-SEP = -1  # between documents of the global index
 
 
 @dataclass
@@ -37,21 +36,41 @@ class _Index:
     positions of the tokens that followed it."""
     toks: list[int] = field(default_factory=list)
     where: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    buf: TokenBuffer = field(default_factory=TokenBuffer)  # toks as int64, for the compiled walk
 
-    def extend(self, new: list[int], lengths: tuple[int, ...]) -> None:
-        toks = self.toks
-        for tok in new:
-            t = len(toks)
-            toks.append(tok)
-            if tok == SEP:
-                continue
+    def extend(self, doc: list[int], lengths: tuple[int, ...]) -> None:
+        """Append one document (no SEP inside) and its separator; index each of its tokens after
+        the first under the patterns of each length in `lengths` (ascending) that end right
+        before it within the document."""
+        base = len(self.toks)
+        self.toks.extend(doc)
+        self.toks.append(SEP)
+        tup, where = tuple(doc), self.where
+        for i in range(1, len(doc)):
+            t = base + i
             for n in lengths:
-                if n > t:
+                if n > i:
                     break
-                key = tuple(toks[t - n:t])
-                if SEP in key:
-                    break
-                self.where.setdefault(key, []).append(t)
+                key = tup[i - n:i]  # a tuple slice: no list made and converted per pattern
+                occ = where.get(key)
+                if occ is None:
+                    where[key] = [t]
+                else:
+                    occ.append(t)
+        self.buf.sync(self.toks)
+
+    def draft(self, context: list[int], lengths: tuple[int, ...], budget: int, min_prob: float,
+              spec_factor: float) -> _Draft | None:
+        """`walk(self, ...)`, its walk compiled (`match_kernels.walk_tokens`, the same floats)."""
+        for n in reversed(lengths):
+            if n <= len(context):
+                occ = self.where.get(tuple(context[len(context) - n:]))
+                if occ:
+                    out_tok, out_top1 = np.empty(budget, np.int64), np.empty(budget)
+                    j, score = walk_tokens(self.buf.buf, self.buf.n, np.array(occ, np.int64), n, budget, min_prob,
+                                           spec_factor, out_tok, out_top1)
+                    return _Draft(out_tok[:j].tolist(), out_top1[:j].tolist(), n, score) if j else None
+        return None
 
 
 @dataclass
@@ -64,7 +83,8 @@ class _Draft:
 
 def walk(index: _Index, context: list[int], lengths: tuple[int, ...], budget: int,
          min_prob: float, spec_factor: float) -> _Draft | None:
-    """The suffix-tree walk from the longest suffix of `context` found in `index` (module doc)."""
+    """The suffix-tree walk from the longest suffix of `context` found in `index` (module doc): the
+    rule as written, which `_Index.draft` runs compiled."""
     occ: list[int] | None = None
     match = 0
     for n in reversed(lengths):
@@ -162,7 +182,7 @@ class SuffixDrafter:
     def index(self) -> _Index:
         """The global index, brought up to date with the outputs finished since it last was."""
         for doc in self.outputs[self._indexed:]:
-            self.glob.extend(doc + [SEP], self.lengths)
+            self.glob.extend(doc, self.lengths)
         self._indexed = len(self.outputs)
         return self.glob
 
@@ -181,7 +201,7 @@ class SuffixDrafter:
             if hit is not None:
                 best = _Draft(*hit)
             if glob.where:
-                d = walk(glob, seq[-self.lengths[-1]:], self.lengths, budget, self.min_prob, self.spec_factor)
+                d = glob.draft(seq[-self.lengths[-1]:], self.lengths, budget, self.min_prob, self.spec_factor)
                 if d is not None and (best is None or d.score > best.score):
                     best = d
             if best is not None:

@@ -9,8 +9,8 @@ import pytest
 from specdepth.adaptive.acceptance import kernels_reference as ref_np
 from specdepth.adaptive.acceptance.model import (CAT, EPS, H_EDGES, Z_EDGES, AcceptanceConfig, AcceptanceModel,
                                            calibration_error)
-from specdepth.adaptive.acceptance.config import _clip, _logit, _sigmoid, refit_interval
-from specdepth.adaptive.acceptance.kernels import calibrate_kernel, last_category
+from specdepth.adaptive.acceptance.config import IDENTITY, _clip, _logit, _sigmoid, refit_interval
+from specdepth.adaptive.acceptance.kernels import calibrate_kernel, fit_position_kernel, last_category
 
 
 def synthetic_step(rng: np.random.Generator, ids: np.ndarray, J: int = 6, power: float = 2.0,
@@ -417,6 +417,23 @@ def test_a_state_without_per_category_counts_still_gives_the_global_rates() -> N
     old.fit()
     np.testing.assert_allclose(old.global_rates, m.global_rates, rtol=1e-12)
     np.testing.assert_allclose(old.state_counts.sum(0), m.state_counts.sum(0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fit_position_kernel_matches_its_numpy_statement(seed):
+    """The compiled Newton fit gives the numpy statements' weights (to rounding: BLAS and the
+    compiled loops sum in their own orders) from the binned statistics of real observations."""
+    m = AcceptanceModel(AcceptanceConfig(refit_every=10**9, first_refit=10**9))
+    feed(m, np.random.default_rng(seed), 40, J=4)
+    cfg = m.config
+    for p in range(4):
+        prior = m.weights[p - 1] if p else IDENTITY
+        for start in (m.weights[p], IDENTITY):
+            want = ref_np.fit_position(m.cells[p], prior, start, cfg.ridge, cfg.newton_steps)
+            got = fit_position_kernel(m.cells[p], prior, start, cfg.ridge, cfg.newton_steps, EPS)
+            assert np.allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert np.array_equal(fit_position_kernel(np.zeros_like(m.cells[0]), IDENTITY, IDENTITY, 1.0, 8, EPS)[:2],
+                          IDENTITY[:2])  # no data: the prior's pull keeps the identity
 
 
 def test_a_position_no_draft_reached_takes_its_prior_without_a_fit(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdepth.workers.drafters.suffix import SuffixDrafter, _Index, walk
+from specdepth.workers.drafters.suffix import SEP, SuffixDrafter, _Index, walk
 
 
 def propose(d: SuffixDrafter, seq: list[int], budget: int, slot: int = 0):
@@ -68,6 +68,25 @@ def test_the_global_index_keeps_the_newest_outputs_within_its_bound():
     assert d.outputs[-1] == [108] * 4 + [208]
     # past the bound it keeps half and grows again: a rebuild every few outputs, not every one
     assert sizes == [6, 12, 18, 24, 12, 18, 24, 12, 18]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_global_index_holds_every_pattern_within_each_document(seed):
+    """Each token after a document's first is found under every pattern of an indexed length that
+    ends right before it inside its document, in position order; nothing crosses a separator."""
+    rng = np.random.default_rng(seed)
+    lengths = (1, 2, 3, 4, 6, 8)
+    idx, want, toks = _Index(), {}, []
+    for _ in range(int(rng.integers(1, 5))):
+        doc = rng.integers(0, 4, int(rng.integers(0, 30))).tolist()
+        idx.extend(doc, lengths)
+        base = len(toks)
+        toks += doc + [SEP]
+        for i in range(1, len(doc)):
+            for n in lengths:
+                if n <= i:
+                    want.setdefault(tuple(doc[i - n:i]), []).append(base + i)
+    assert idx.toks == toks and idx.where == want
 
 
 def test_finished_outputs_are_indexed_at_the_next_draft_only():
