@@ -3,7 +3,7 @@
 An n-gram or suffix drafter runs no model pass: depth costs it nothing, so wrapping the pair's
 cost model in `FreeDraftCost` prices a draft pass at 0 and keeps the draft model's table out of
 the online learning (the drafting steps report no draft passes to it). Proposing is host work per
-row, though: ~15 us a row here, 1 ms at batch 64, 5% of a plain step there. `drafting_s(B)` is
+row, though: ~10-15 us a row here, 0.7-1 ms at batch 64, 4-6% of a plain step there. `drafting_s(B)` is
 that price, learned from the steps that drafted (`draft_s` per row, a running mean); a plan pays
 it once if it drafts at all (dspark's `first`).
 """
