@@ -97,6 +97,11 @@ SECTIONS: tuple[Section, ...] = (
             "python -m specdepth.experiments.bench.cold --batches 1,16 --rounds 8 --variant off "
             "--variant dspark@suffix --variant static:k=8@suffix --variant dspark "
             "--out experiments/results/bench_cold_pays.json"),
+    Section("bench_cold_code64", "Cold runs at batch 64 on code, over more rounds",
+            "As above, ten rounds at batch 64 on code prompts: the cell where drafting barely pays, dspark with "
+            "the default drafter against off and the draft model at depth 1, with the spread between rounds.",
+            "python -m specdepth.experiments.bench.cold --batches 64 --kinds code --rounds 10 "
+            "--variant dspark@suffix --variant static:k=1 --out experiments/results/bench_cold_code64.json"),
     Section("bench_drafters", "Model-free drafters on the target's own outputs",
             "Each drafter replayed over `off`'s greedy outputs on held-out code prompts at static depth k "
             "(exact acceptance, requests one after another), and its propose call timed at batch 64.",
