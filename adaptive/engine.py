@@ -392,11 +392,15 @@ class Engine:
     def warm_up(self, prompt_ids: list[int], tokens: int = 8) -> None:
         """One throwaway request through this runner with a copy of this engine's controller: the
         compiled kernels load and the passes pay their first calls before anything is timed or
-        served (~0.4 s on the bundled pair here), and a runner with `warm_up` builds its kernels for
-        every pass width. This engine's state and statistics are untouched."""
+        served (~0.4 s on the bundled pair here), a runner with `warm_up` builds its kernels for
+        every pass width, and the acceptance model's refit kernel (which the request may not reach)
+        loads. This engine's state and statistics are untouched."""
         runner_warm_up = getattr(self.runner, "warm_up", None)
         if runner_warm_up is not None:
             runner_warm_up()
+        acc_warm_up = getattr(getattr(self.depth, "acceptance", None), "warm_up", None)
+        if acc_warm_up is not None:
+            acc_warm_up()  # its refit's kernel, which the short request below may not reach
         try:
             depth = copy.deepcopy(self.depth) if isinstance(self.depth, Controller) else self.depth
         except Exception:  # a policy that cannot be copied (a user's, holding a resource): no warm-up

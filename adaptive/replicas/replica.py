@@ -143,6 +143,8 @@ class Replica:
         self._min_s: Optional[float] = None  # the waiting exchange's `Work.min_s` (None: none waits)
         self._error: Optional[str] = None  # the loop failed; cleared by a reset
         self.runner.warm_up()  # every pass width's linear kernels, before the first request pays them
+        if self.ctl is not None:
+            self.ctl.acceptance.warm_up()  # and the acceptance model's refit kernel (~6 s the first time on a machine)
         self._fresh()
         threading.Thread(target=self._loop, name="specdepth-replica-loop", daemon=True).start()
 

@@ -436,6 +436,26 @@ def test_fit_position_kernel_matches_its_numpy_statement(seed):
                           IDENTITY[:2])  # no data: the prior's pull keeps the identity
 
 
+def test_warm_up_builds_the_refit_kernel_a_fit_calls(monkeypatch):
+    """The warm-up calls the refit kernel with the argument types a fit passes it (the compiled
+    signature a run's first refit would otherwise build), and leaves the model as it was."""
+    import numba
+    import specdepth.adaptive.acceptance.model as model_mod
+    seen = []
+    real = model_mod.fit_position_kernel
+    monkeypatch.setattr(model_mod, "fit_position_kernel",
+                        lambda *a: seen.append(tuple(numba.typeof(x) for x in a)) or real(*a))
+    m = AcceptanceModel(AcceptanceConfig(refit_every=10**9, first_refit=10**9))
+    feed(m, np.random.default_rng(5), 20, J=2)
+    before = m.state_dict()
+    m.warm_up()
+    after = m.state_dict()
+    assert len(seen) == 1
+    assert all(np.array_equal(after[k], v) if isinstance(v, np.ndarray) else after[k] == v for k, v in before.items())
+    m.fit()
+    assert len(seen) > 1 and set(seen) == {seen[0]}
+
+
 def test_a_position_no_draft_reached_takes_its_prior_without_a_fit(monkeypatch):
     """Drafts of at most J positions leave positions J + 1.. without data: their MAP fit is the
     prior (the deepest fitted position's weights), taken as it is; the Newton steps run only

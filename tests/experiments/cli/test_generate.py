@@ -152,6 +152,8 @@ def test_a_policy_past_max_depth_is_refused_not_clamped(capsys):
 
 
 NOISY = '''
+import time
+
 import numpy as np
 from specdepth.policies.base import DepthPolicy
 
@@ -160,6 +162,8 @@ class Noisy(DepthPolicy):
 
     def plan(self, ctx):
         print("a line a replica prints on its stdout", flush=True)
+        if ctx.step == 0:  # Ray forwards workers' output from their log files a moment later, and
+            time.sleep(1.0)  # drops what it has not forwarded when the driver shuts down
         return np.full(ctx.batch_size, 2)
 '''
 
