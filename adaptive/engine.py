@@ -165,23 +165,29 @@ def submit_all(engine, requests: list[Request]) -> list[RequestOutput]:
     return outs
 
 
+def count_positions(st: EngineStats, verified: np.ndarray, accepted: np.ndarray) -> None:
+    """Per-position counts of one step's sequences (B,) each: position j + 1 was in play where the
+    j before it were accepted (verified past j, accepted at least j: conditional counts), and
+    accepted where a > j. One array pass a step instead of a few per sequence."""
+    K = len(st.pos_verified)
+    j = np.arange(K)  # (K,)
+    st.pos_verified += (np.minimum(verified, accepted + 1)[:, None] > j).sum(0)  # (B, K) -> (K,)
+    st.pos_accepted += (accepted[:, None] > j).sum(0)
+
+
 def commit_step(req: Request, out: RequestOutput, emitted: list[int], verified: int, accepted: int,
                 stats: list[EngineStats], eos_ids: set[int], now: float) -> str | None:
-    """Count one sequence-step and stream its emitted tokens to the request.
+    """Count one sequence-step and stream its emitted tokens to the request (its positions are
+    counted for the whole step, `count_positions`).
 
     Emitted tokens past max_new_tokens or past an EOS are dropped (unless ignore_eos). Returns the
-    finish reason ("eos" or "length") or None. Shared by the in-process and the Ray engines.
+    finish reason ("eos" or "length") or None.
     """
-    d, a = verified, accepted
     out.steps += 1
-    out.verified += d
-    out.accepted += a
+    out.verified += verified
+    out.accepted += accepted
     for st in stats:
         st.seq_steps += 1
-        st.pos_verified[: d] += 1  # position j verified means j - 1 were accepted: conditional counts
-        st.pos_accepted[: a] += 1
-        if d > a:
-            st.pos_verified[a + 1: d] -= 1  # positions after the first rejection were never in play
     new = emitted[: req.max_new_tokens - len(out.output_ids)]
     reason = None
     if not req.ignore_eos:
@@ -377,6 +383,9 @@ class Engine:
     def _commit(self, res: StepResult, ctx_lens: np.ndarray) -> None:
         now = self.clock()
         st = self.stats
+        ok = np.ones(len(res.slots), bool)
+        ok[list(res.failed)] = False
+        count_positions(st, np.asarray(res.verified)[ok], np.asarray(res.accepted)[ok])
         for r, s in enumerate(res.slots):
             req, out = self.running[s]
             if r in res.failed:
