@@ -84,11 +84,12 @@ def fixed_proposal(drafts: dict[int, tuple[list[int], list[float], list[float]]]
         n = len(toks)
         tokens[r, :n], feats[r, :n, 0], feats[r, :n, 1], n_drafted[r] = toks, top1, ent, n
 
+    if keep_fn is None:
+        return Proposal(torch.from_numpy(tokens).to(device), None, read_off(budgets, feats, n_drafted))
+
     def draft_pass(j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return feats[rows, j, 0], feats[rows, j, 1], n_drafted[rows] > j
 
-    if keep_fn is None:
-        return Proposal(torch.from_numpy(tokens).to(device), None, read_off(budgets, feats, n_drafted))
     return Proposal(torch.from_numpy(tokens).to(device), None, draft_loop(budgets, draft_pass, keep_fn))
 
 

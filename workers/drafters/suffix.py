@@ -59,18 +59,26 @@ class _Index:
                     occ.append(t)
         self.buf.sync(self.toks)
 
-    def draft(self, context: list[int], lengths: tuple[int, ...], budget: int, min_prob: float,
-              spec_factor: float) -> _Draft | None:
-        """`walk(self, ...)`, its walk compiled (`match_kernels.walk_tokens`, the same floats)."""
+    def longest(self, context: list[int], lengths: tuple[int, ...]) -> tuple[list[int], int]:
+        """(positions that followed it, its length) of the longest suffix of `context` indexed at
+        one of `lengths`; ([], 0) where none is."""
         for n in reversed(lengths):
             if n <= len(context):
                 occ = self.where.get(tuple(context[len(context) - n:]))
                 if occ:
-                    out_tok, out_top1 = np.empty(budget, np.int64), np.empty(budget)
-                    j, score = walk_tokens(self.buf.buf, self.buf.n, np.array(occ, np.int64), n, budget, min_prob,
-                                           spec_factor, out_tok, out_top1)
-                    return _Draft(out_tok[:j].tolist(), out_top1[:j].tolist(), n, score) if j else None
-        return None
+                    return occ, n
+        return [], 0
+
+    def draft(self, context: list[int], lengths: tuple[int, ...], budget: int, min_prob: float,
+              spec_factor: float) -> _Draft | None:
+        """`walk(self, ...)`, its walk compiled (`match_kernels.walk_tokens`, the same floats)."""
+        occ, match = self.longest(context, lengths)
+        if not occ:
+            return None
+        out_tok, out_top1 = np.empty(budget, np.int64), np.empty(budget)
+        j, score = walk_tokens(self.buf.buf, self.buf.n, np.array(occ, np.int64), match, budget, min_prob,
+                               spec_factor, out_tok, out_top1)
+        return _Draft(out_tok[:j].tolist(), out_top1[:j].tolist(), match, score) if j else None
 
 
 @dataclass
@@ -85,14 +93,7 @@ def walk(index: _Index, context: list[int], lengths: tuple[int, ...], budget: in
          min_prob: float, spec_factor: float) -> _Draft | None:
     """The suffix-tree walk from the longest suffix of `context` found in `index` (module doc): the
     rule as written, which `_Index.draft` runs compiled."""
-    occ: list[int] | None = None
-    match = 0
-    for n in reversed(lengths):
-        if n <= len(context):
-            occ = index.where.get(tuple(context[len(context) - n:]))
-            if occ:
-                match = n
-                break
+    occ, match = index.longest(context, lengths)
     if not occ:
         return None
     toks, end = index.toks, len(index.toks)
