@@ -6,8 +6,9 @@ DESIGN.md "Allocation"):
 
 - plan: budgets L_r from the controller's history-based priors (`plan_kernel`): each draft depth D
   prices its D sequential passes, and the best D wins. A free draft (a model-free drafter, its
-  passes priced 0) is made to K wherever the plan drafts: `verify` decides on its features. A batch that saturates the compute knee
-  gets 0 everywhere: speculation switches itself off. Live, a plan that drafts for sequences whose
+  passes priced 0) is made to K wherever the plan drafts, `keep_drafting` never asked (no pass to
+  stop after): `verify` decides on its features. A batch that saturates the compute knee gets 0
+  everywhere: speculation switches itself off. Live, a plan that drafts for sequences whose
   draft caches lag also pays their catch-up (`DraftLag`). With `dynamic`, the plan's depth becomes
   a ceiling (K for every sequence it drafts for) and `keep_drafting` stops each sequence.
 - keep_drafting: after pass j, draft j + 1 for the sequences (best first) whose expected next
@@ -170,7 +171,7 @@ class DSpark(DepthPolicy):
         budgets, deepest = self._budgets(ctx, prices)
         if deepest > 0 and prices.draft_all == 0.0:  # a free draft (model-free drafter): draft to K, verify decides
             budgets, deepest = raised(budgets, K), K
-        closing = self._closes(ctx)
+        closing = self._closes(ctx, prices.target)
         if closing and deepest > 0:  # only the sequences on the run's critical path draft
             plain = plain_rows(ctx.closing, ctx.prior_survival, budgets, self._pace.rate(ctx.seq_ids))
             budgets[plain] = 0
@@ -188,7 +189,11 @@ class DSpark(DepthPolicy):
                     budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
                     deepest, tried = int(budgets.max(initial=0)), True
         weigh_verify = self.weigh_verify and ctx.cost_learns
-        if self.dynamic and deepest > 0 and not tried and m.asks_keep_drafting(bucket, ctx.step):
+        if deepest > 0 and _free_draft(ctx.cost):  # no draft pass to stop after: drafted to the budgets,
+            m.fixed_step = ctx.step  # `keep_drafting` never asked (a drafting step's measure weighs nothing)
+            if weigh_verify and (tried or not m.asks_verify(bucket.verify_fixed)):
+                m.skip_verify_step = ctx.step
+        elif self.dynamic and deepest > 0 and not tried and m.asks_keep_drafting(bucket, ctx.step):
             m.fixed_budgets = budgets if self.follow_plan else np.minimum(budgets, 1)  # the measure's other arm
             budgets, deepest = raised(budgets, K), K  # (B,) K where the plan drafts
             if weigh_verify and not m.asks_verify(bucket.verify_dynamic):
@@ -219,15 +224,17 @@ class DSpark(DepthPolicy):
         self._spell.skipped += 1
         return True
 
-    def _closes(self, ctx: PlanContext) -> bool:
+    def _closes(self, ctx: PlanContext, table: np.ndarray | None = None) -> bool:
         """Whether this step plans as a closing run (policies/dspark_closing.py): the run is closing,
         and its step prices a verified token at least what a decoded one costs at half the batch
         (`decode_bound`); where verifying is cheaper, a sequence's accepted drafts save more in
-        the later, smaller steps than they cost now. Decided once a step."""
+        the later, smaller steps than they cost now. Decided once a step (`table`: the step's
+        prices, where made)."""
         if not (self.closing and ctx.closing is not None):
             return False
         if self._closes_at[0] != ctx.step:
-            self._closes_at = (ctx.step, decode_bound(ctx.cost, ctx.batch_size, self._context_tokens(ctx.context_lens)))
+            self._closes_at = (ctx.step, decode_bound(ctx.cost, ctx.batch_size, self._context_tokens(ctx.context_lens),
+                                                      table))
         return self._closes_at[1]
 
     def _plain(self, ctx: PlanContext) -> np.ndarray:

@@ -28,14 +28,17 @@ from specdepth.policies.base import StepCost
 PACE_STEPS = 4  # steps allowed to draft before a sequence's own measure counts
 
 
-def decode_bound(cost: StepCost, batch_size: int, context_tokens: int) -> bool:
+def decode_bound(cost: StepCost, batch_size: int, context_tokens: int, table: np.ndarray | None = None) -> bool:
     """Whether the step prices a verified token (N from B to 2B) at least what a decoded one costs
-    (N from B / 2 to B, as the batch shrinks): the closing rule's premise. False at batch 1."""
+    (N from B / 2 to B, as the batch shrinks): the closing rule's premise. False at batch 1.
+    `table`: the step's target times by N (`StepPrices.target`, the same numbers), where priced."""
     B = batch_size
     half = B // 2
     if half < 1:
         return False
-    t = np.asarray(cost.target_time(np.array([half, B, 2 * B]), context_tokens), np.float64)  # (3,)
+    at = np.array([half, B, 2 * B])
+    t = table[at] if table is not None and table.size > 2 * B else \
+        np.asarray(cost.target_time(at, context_tokens), np.float64)  # (3,)
     return bool((t[2] - t[1]) / B >= (1.0 - 1e-9) * (t[1] - t[0]) / (B - half))  # (rounding apart)
 
 

@@ -63,6 +63,11 @@ def test_the_closing_rule_holds_only_where_a_verified_token_costs_what_a_decoded
     assert decode_bound(FLAT, 16, 0)  # nothing costs anything more: drafts for finishing rows are waste
     assert not decode_bound(ConcaveCost(), 16, 0)  # concave: accepted drafts now save more later
     assert not decode_bound(LinearCost(target_s=0.01, target_per_token_s=1e-4), 1, 0)  # a lone sequence
+    for cost in (LinearCost(target_s=0.01, target_per_token_s=1e-4), FLAT, ConcaveCost()):  # a step's prices
+        table = np.asarray(cost.target_time(np.arange(33), 0), np.float64)  # (as StepPrices holds them)
+        assert decode_bound(cost, 16, 0, table) == decode_bound(cost, 16, 0)
+    assert decode_bound(ConcaveCost(), 16, 0, np.arange(33.0))  # read off the table where it reaches 2B...
+    assert not decode_bound(ConcaveCost(), 16, 0, np.arange(32.0))  # ...else the model's
     ctx = replace(make_plan_ctx(3, prior_conf=0.8, cost=ConcaveCost(), max_depth=4), closing=np.array([90, 20, 60]))
     assert DSpark(dynamic=False).plan(ctx).tolist() == [4, 4, 4]  # concave: every sequence keeps its plan
     assert DSpark(dynamic=False).plan(replace(ctx, cost=FLAT)).tolist() == [4, 0, 4]

@@ -259,6 +259,28 @@ def test_a_model_free_drafters_try_is_tried_again_while_it_beats_the_plans_rates
     assert not SelfMeasure.try_surprised(gone, np.ones(4, bool), np.full(4, 0.3))
 
 
+def test_a_model_free_draft_is_drafted_to_its_budgets_without_the_ask_gate() -> None:
+    """A model-free draft has no pass to stop after (the engine never asks `keep_drafting` of it):
+    a drafting plan is a fixed step, verified by the fixed steps' verify measure, and the ask
+    gate's measure is left untouched. The same plan with a drafter that runs passes is dynamic."""
+    prior = np.array([[0.9, 0.8] + [0.7] * 6] * 2)
+    for cost, free in ((FreeLinearCost(0.010, 0.0005, 1e-4), True), (LinearCost(0.010, 1e-4, 1e-4), False)):
+        policy = DSpark()
+        for step in range(VERIFY_EVIDENCE + 2):
+            b = policy.plan(replace(make_plan_ctx(2, prior_conf=prior, cost=cost, step=step), cost_learns=True))
+            assert b.tolist() == [8, 8] and policy.drafts_dynamically(step) is not free
+            d = np.full(2, 8, np.int64)
+            t = float(cost.target_time(2 + d.sum()))
+            top1 = np.full((2, 8), 0.9)
+            policy.observe(StepOutcome(step, np.arange(2), b, d, d, d, top1, top1, t, 0.0, t, np.full(2, 100),
+                                       np.zeros(0, np.int64), 0.0, 0.0, 1e-4))
+        bucket = policy._measure.buckets[2]
+        asked, other = (bucket.verify_fixed, bucket.verify_dynamic) if free else (bucket.verify_dynamic,
+                                                                                   bucket.verify_fixed)
+        assert asked.n == VERIFY_EVIDENCE + 2 and other.n == 0
+        assert bucket.ask_n == (0 if free else VERIFY_EVIDENCE + 2)
+
+
 def test_the_measure_stops_on_a_steady_loss_not_on_heavy_tailed_gains() -> None:
     """Going on past the first position gains in rare long streaks and loses a little on most
     steps (the bundled pair at batch 1). A steady 7% loss stops it after ASK_EVIDENCE asked steps,
