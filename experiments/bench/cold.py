@@ -1,7 +1,7 @@
 """Cold benchmark: what a user's first `specdepth generate` sees, policy against policy.
 
-    python -m specdepth.experiments.bench.cold [--batches 1,16,64] [--kinds code,prose] [--rounds 3]
-        [--tokens 96] [--variant off --variant dspark@ngram ...]
+    python -m specdepth.experiments.bench.cold [--batches 1,16,64] [--kinds code,prose] [--rounds 6]
+        [--tokens 96] [--all | --variant off --variant dspark@ngram ...]
 
 Every run is a fresh `specdepth generate` process with default flags except the policy, the
 drafter (`POLICY@DRAFTER`, default drafter `model`), `--max-batch`, `--max-new-tokens` and
@@ -33,8 +33,10 @@ from tqdm import tqdm
 from specdepth.experiments.cli.argtypes import positive_int
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
-DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=4@ngram", "static:k=8@ngram", "dspark@ngram",
-                    "static:k=8@suffix", "dspark@suffix", "arctic-hybrid@hybrid", "dspark@hybrid")
+# off, the draft model's best static depth and dspark on it, then the default drafter's (suffix)
+DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=8@suffix", "dspark@suffix")
+# --all adds the other model-free drafters and the hybrid against Arctic Inference's rule
+MORE_VARIANTS = ("static:k=4@ngram", "static:k=8@ngram", "dspark@ngram", "arctic-hybrid@hybrid", "dspark@hybrid")
 SUMMARY = {  # what generate's summary on stderr says, read back
     "tps": re.compile(r"= ([0-9.]+) tok/s; (\d+) steps"),
     "acc": re.compile(r"acceptance length ([0-9.]+)"),
@@ -128,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16,64", help="batch sizes (--max-batch), comma-separated")
     ap.add_argument("--kinds", default="code,prose", help="prompt kinds: code, prose")
-    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=6)
     ap.add_argument("--tokens", type=positive_int, default=96, help="--max-new-tokens, with --ignore-eos")
     ap.add_argument("--prompts-at-1", type=positive_int, default=4, help="prompts per run at batch 1")
     ap.add_argument("--variant", action="append", default=None,
                     help=f"POLICY[@DRAFTER], repeatable; `off` always runs (default: {' '.join(DEFAULT_VARIANTS)})")
+    ap.add_argument("--all", action="store_true",
+                    help=f"the default variants and {' '.join(MORE_VARIANTS)} (each round takes twice as long)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=default_out("bench_cold"))
     ap.add_argument("extra", nargs="*", help="after --: more generate flags, for every run")
@@ -141,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.kinds.split(",")
     if bad := [k for k in kinds if k not in ("code", "prose")]:
         ap.error(f"--kinds: unknown kind {bad[0]!r}; expected code, prose")
-    variants = list(dict.fromkeys(["off", *(args.variant or DEFAULT_VARIANTS)]))
+    if args.all and args.variant:
+        ap.error("--all and --variant: choose one")
+    variants = list(dict.fromkeys(["off", *(args.variant or DEFAULT_VARIANTS), *(MORE_VARIANTS if args.all else ())]))
     meta, rng = stamp(), random.Random(args.seed)
     pools = {k: prompt_sets(k) for k in kinds}
     print("taking the cost profile (cached after the first time) ...", file=sys.stderr)
