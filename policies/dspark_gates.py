@@ -79,12 +79,14 @@ class Spacing:
 
     def count_unless_due(self) -> bool:
         """A plain step without a plan, its batch unchanged since the last plan, counts as a plan of
-        nothing: True where it must be planned (a try is due). A due try already waiting for a
-        newcomer (`hold`) waits on: an unchanged batch has none."""
+        nothing: True where it must be planned (a try is due). A due try already waiting (`hold`)
+        waits on: for a newcomer, which an unchanged batch does not have, or, once it has waited
+        PROBE_EVERY plans and been planned once more, for its sequences' catch-up to cost less than
+        a step, which only grows while they step plain."""
         if self.wait + 1 < self.every:
             self.wait += 1
             return False
-        if 0 < self.held < PROBE_EVERY:
+        if self.held and self.held != PROBE_EVERY:
             self.hold()
             return False
         return True

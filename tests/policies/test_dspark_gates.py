@@ -13,6 +13,7 @@ from specdepth.policies.dspark import DSpark
 from specdepth.policies.dspark_gates import (ASK_EVIDENCE, ASK_PROBE, ASK_PROBE_MAX, ASK_SPEND, PROBE_EVERY,
                                              PROBE_GAIN, PROBE_MAX, VERIFY_EVIDENCE, VERIFY_PROBE, Bucket,
                                              SelfMeasure, fixed_tokens)
+from specdepth.policies.dspark_spell import SPELL_MAX
 from specdepth.policies.testing import LinearCost, make_draft_ctx, make_plan_ctx
 
 EVIDENCE = ASK_EVIDENCE  # asked steps before the measure may stop drafting past 1
@@ -213,6 +214,28 @@ def test_a_try_waits_for_newcomers_then_drafts_every_sequence() -> None:
     assert tried(lambda step: [7, 8, 9]) == [(2 * P - 1, [1, 1, 1])]  # due at P - 1, held P plans
     arrival = P + 3
     assert tried(lambda step: [7, 8, 9] if step < arrival else [7, 8, 10]) == [(arrival, [0, 0, 1])]
+
+
+def test_a_try_waiting_on_a_dear_catch_up_leaves_the_plain_spells_unplanned() -> None:
+    """A closed batch whose catch-up costs more than a step: once the due try has waited
+    PROBE_EVERY plans for a newcomer and one more plan has found the catch-up too dear, the plain
+    spells hold on unplanned (an unchanged batch has no newcomer, and its lag only grows); a plan
+    comes only where a spell ends. Each plan there costs ~0.3 ms of host time at batch 64."""
+    dear = LinearCost(target_s=0.020, draft_s=0.030, draft_per_seq_s=1e-4)
+    b, ids, planned = 8, np.arange(8), []
+    policy = DSpark()
+    for step in range(8 * PROBE_EVERY):
+        skipped = policy._spell.skipped
+        budgets = policy.plan(replace(make_plan_ctx(b, step=step, seq_ids=ids, prior_conf=0.8, cost=dear),
+                                      cost_learns=True))
+        assert not budgets.any()
+        if policy._spell.skipped == skipped:
+            planned.append(step)
+        z = np.zeros((b, 1))
+        policy.observe(StepOutcome(step, ids, budgets, budgets, budgets, np.zeros(b, np.int64), z, z,
+                                   0.02, 0.0, 0.02, np.full(b, 100)))
+    gap = SPELL_MAX + 1  # a spell of SPELL_MAX plain steps, then its plan
+    assert planned == [0, 2, 5, 10, 15, 2 * PROBE_EVERY - 1] + list(range(2 * PROBE_EVERY - 1 + gap, 8 * PROBE_EVERY, gap))
 
 
 class FreeLinearCost(LinearCost):
