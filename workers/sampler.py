@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 
 @dataclass(frozen=True)
@@ -130,16 +131,32 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
 
 def greedy_verify(draft_tokens: np.ndarray, target_argmax: np.ndarray,
                   verify_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The temperature-0 special case of `rejection_sample`, on the host (a handful of small numpy
-    operations, where the same on torch tensors costs ~40 us more a step on the CPU).
+    """The temperature-0 special case of `rejection_sample`, on the host in one compiled call
+    (the numpy statements, ~10 calls, took ~55 us a step at batch 1 here, right after the target
+    pass has left the caches cold; tests/workers/test_greedy_verify.py holds them as the reference).
 
     Args:
-        draft_tokens: (B, D) int; target_argmax: (B, D + 1) int; verify_len: (B,) int.
+        draft_tokens: (B, D) int; target_argmax: (B, D + 1) int; verify_len: (B,) int, <= D.
 
     Returns:
-        (B,) accepted a_r, and (B, D + 1) tokens: the first a_r + 1 of each row, -1 after.
+        (B,) int64 accepted a_r: the leading drafts within verify_len[r] that equal the target's
+        argmax; and (B, D + 1) int64 tokens: the first a_r + 1 of each row's argmax, -1 after.
     """
+    return _greedy_kernel(np.asarray(draft_tokens, np.int64), np.asarray(target_argmax, np.int64),
+                          np.asarray(verify_len, np.int64))
+
+
+@njit(cache=True)
+def _greedy_kernel(draft_tokens: np.ndarray, target_argmax: np.ndarray,
+                   verify_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     B, D = draft_tokens.shape
-    ok = (draft_tokens == target_argmax[:, :D]) & (np.arange(D)[None, :] < verify_len[:, None])  # (B, D)
-    accepted = np.cumprod(ok, axis=1).sum(axis=1) if D else np.zeros(B, np.int64)  # (B,)
-    return accepted, np.where(np.arange(D + 1)[None, :] <= accepted[:, None], target_argmax, -1)
+    accepted = np.zeros(B, np.int64)
+    out = np.full((B, D + 1), -1, np.int64)
+    for r in range(B):
+        a = 0
+        while a < min(verify_len[r], D) and draft_tokens[r, a] == target_argmax[r, a]:
+            a += 1
+        accepted[r] = a
+        for j in range(a + 1):
+            out[r, j] = target_argmax[r, j]
+    return accepted, out
