@@ -80,6 +80,11 @@ SECTIONS: tuple[Section, ...] = (
             "once per round and cell in a shuffled order; ratios to `off` paired within a round (median, "
             "[lowest, highest] over rounds).",
             "python -m specdepth.experiments.bench.cold"),
+    Section("bench_cold_all", "Cold runs: every drafter",
+            "As above, with the n-gram drafter and the hybrid against Arctic Inference's rule too, three rounds. "
+            "Run at da37517, when these ten variants were the default; today's default keeps five over six "
+            "rounds, and `--all` adds the other five.",
+            "python -m specdepth.experiments.bench.cold --all --rounds 3 --out experiments/results/bench_cold_all.json"),
     Section("bench_cold_hybrid", "Cold runs: the suffix drafter and the hybrid, with the cost model's error",
             "As above, for the suffix drafter and the hybrid against Arctic Inference's rule; every variant run "
             "once untimed first. 'step err': the cost model's median error on a whole step's wall time (steps 50 "
