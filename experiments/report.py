@@ -80,6 +80,14 @@ SECTIONS: tuple[Section, ...] = (
             "once per round and cell in a shuffled order; ratios to `off` paired within a round (median, "
             "[lowest, highest] over rounds).",
             "python -m specdepth.experiments.bench.cold"),
+    Section("bench_cold_long", "Cold runs of 384 tokens: static depths 1 to 3, and runs of 200 steps or more",
+            "As above at batch 1 and 16, 384 new tokens a request (at batch 1, four requests in a run), three "
+            "rounds: the draft model at static depths 1, 2 and 3 beside dspark and the best static depth of the "
+            "default drafter, in runs long enough for dspark's guarantees (200 steps or more, but for a few "
+            "runs at batch 16), and the cost model's error away from a run's draining tail.",
+            "python -m specdepth.experiments.bench.cold --batches 1,16 --tokens 384 --rounds 3 --variant static:k=1 "
+            "--variant static:k=2 --variant static:k=3 --variant static:k=8@suffix --variant dspark@suffix "
+            "--out experiments/results/bench_cold_long.json"),
     Section("bench_cold_all", "Cold runs: every drafter",
             "As above, with the n-gram drafter and the hybrid against Arctic Inference's rule too, three rounds. "
             "Run at da37517, when these ten variants were the default; today's default keeps five over six "
