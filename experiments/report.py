@@ -88,6 +88,11 @@ SECTIONS: tuple[Section, ...] = (
             "python -m specdepth.experiments.bench.cold --batches 1,16 --tokens 384 --rounds 3 --variant static:k=1 "
             "--variant static:k=2 --variant static:k=3 --variant static:k=8@suffix --variant dspark@suffix "
             "--out experiments/results/bench_cold_long.json"),
+    Section("bench_cold_long64", "Cold runs of 384 tokens at batch 64",
+            "As above at batch 64, two rounds (a run there is ~8 s of generation).",
+            "python -m specdepth.experiments.bench.cold --batches 64 --tokens 384 --rounds 2 --variant static:k=1 "
+            "--variant static:k=2 --variant static:k=3 --variant static:k=8@suffix --variant dspark@suffix "
+            "--out experiments/results/bench_cold_long64.json"),
     Section("bench_cold_all", "Cold runs: every drafter",
             "As above, with the n-gram drafter and the hybrid against Arctic Inference's rule too, three rounds. "
             "Run at da37517, when these ten variants were the default; today's default keeps five over six "
