@@ -80,7 +80,8 @@ class DSpark(DepthPolicy):
         weigh_verify: skip `verify` while asking it has cost more time than it saved (the verify
             gate).
         follow_plan: where drafting dynamically has not paid, draft the plan's budgets (False:
-            stop at one position, an ablation).
+            stop at one position, an ablation). Drafters that run passes only: a model-free draft
+            is always drafted to the plan's budgets.
         catch_up: price the draft's catch-up on the tokens committed since a sequence last drafted
             into a plan that drafts after a spell without (`DraftLag`).
         rail: draft nothing where the run's own speculating steps measure slower than its plain
@@ -215,7 +216,8 @@ class DSpark(DepthPolicy):
 
     def _in_spell(self, ctx: PlanContext) -> bool:
         """Whether this step goes plain unplanned (policies/dspark_spell.py): live, within a spell,
-        and no try due (the skipped plans count toward the tries' spacing; a closing run makes none)."""
+        and no try due, or the due one held (the skipped plans count toward the tries' spacing; a
+        closing run makes none)."""
         if not (self.spell and ctx.cost_learns and self._spell.holds(ctx)):
             return False
         closing = self._closes(ctx)

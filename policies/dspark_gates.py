@@ -18,9 +18,10 @@ two, as the cost model's overhead lines): what pays at batch 1 can lose at batch
   assumed (`try_surprised`), the next plan of nothing tries again, until the rates catch up.
 
 Probes, tries and the verify gate act only where the controller learns its cost model
-(`PlanContext.cost_learns`). The ask gate acts everywhere; where the cost model is not learned (a
-replay, a fixed cost) it weighs the model's times, not the clock's, so a live run decides as its
-replay does.
+(`PlanContext.cost_learns`). The ask gate acts everywhere a drafter runs passes (a model-free
+draft has no pass to stop after: its drafting plans are fixed steps); where the cost model is not
+learned (a replay, a fixed cost) it weighs the model's times, not the clock's, so a live run
+decides as its replay does.
 """
 
 from __future__ import annotations
@@ -86,10 +87,19 @@ class Spacing:
         if self.wait + 1 < self.every:
             self.wait += 1
             return False
-        if self.held and self.held != PROBE_EVERY:
+        if self.held and not self.wait_ends_now():
             self.hold()
             return False
         return True
+
+    def waits_for_newcomer(self) -> bool:
+        """Whether a held try still waits for a newcomer (`try_rows`)."""
+        return self.held < PROBE_EVERY
+
+    def wait_ends_now(self) -> bool:
+        """Whether this plan is the one at which a held try's wait for a newcomer runs out, so it
+        weighs drafting every sequence (`try_rows`)."""
+        return self.held == PROBE_EVERY
 
     def hold(self) -> None:
         """A due probe was not made this plan: due again at the next."""
@@ -178,7 +188,7 @@ class SelfMeasure:
             self.free_try = (ctx.step, rows, rates)
             return rows
         new = ~np.isin(seq_ids, self.last_ids)
-        if not new.any() and (bucket.tries.held < PROBE_EVERY or (
+        if not new.any() and (bucket.tries.waits_for_newcomer() or (
                 lag.most > CATCH_UP_USUAL
                 and lag.catch_up_s(ctx, np.ones(len(new), bool), prices.context) > float(prices.target[len(new)]))):
             bucket.tries.hold()

@@ -9,8 +9,9 @@ changes (a sequence joins or leaves), or the run starts closing: those are what 
 change its mind between steps.
 
 A skipped plan counts as a plan of nothing for the tries' spacing (policies/dspark_gates.py), and
-a due try ends the spell. Only where the cost model learns (live): a replay plans every step, and
-stays exact.
+a due try ends the spell, unless it is held: waiting for a newcomer, or on a catch-up that costs
+more than a step (`Spacing.count_unless_due`). Only where the cost model learns (live): a replay
+plans every step, and stays exact.
 """
 
 from __future__ import annotations

@@ -132,8 +132,8 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
 def greedy_verify(draft_tokens: np.ndarray, target_argmax: np.ndarray,
                   verify_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The temperature-0 special case of `rejection_sample`, on the host in one compiled call
-    (the numpy statements, ~10 calls, took ~55 us a step at batch 1 here, right after the target
-    pass has left the caches cold; tests/workers/test_greedy_verify.py holds them as the reference).
+    (host work right after the target pass runs cache-cold, where each numpy call costs tens of
+    us; tests/workers/test_greedy_verify.py holds the rule's numpy statements as the reference).
 
     Args:
         draft_tokens: (B, D) int; target_argmax: (B, D + 1) int; verify_len: (B,) int, <= D.
@@ -141,17 +141,24 @@ def greedy_verify(draft_tokens: np.ndarray, target_argmax: np.ndarray,
     Returns:
         (B,) int64 accepted a_r: the leading drafts within verify_len[r] that equal the target's
         argmax; and (B, D + 1) int64 tokens: the first a_r + 1 of each row's argmax, -1 after.
+
+    Raises:
+        ValueError: the shapes disagree (the kernel checks no bounds).
     """
-    return _greedy_kernel(np.asarray(draft_tokens, np.int64), np.asarray(target_argmax, np.int64),
-                          np.asarray(verify_len, np.int64))
+    draft, target, lens = (np.asarray(draft_tokens, np.int64), np.asarray(target_argmax, np.int64),
+                           np.asarray(verify_len, np.int64))
+    if draft.ndim != 2 or target.shape != (draft.shape[0], draft.shape[1] + 1) or lens.shape != draft.shape[:1]:
+        raise ValueError(f"greedy_verify: shapes draft {draft.shape}, target {target.shape}, verify {lens.shape}; "
+                         "need (B, D), (B, D + 1), (B,)")
+    return _greedy_kernel(draft, target, lens)
 
 
 @njit(cache=True)
 def _greedy_kernel(draft_tokens: np.ndarray, target_argmax: np.ndarray,
                    verify_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    B, D = draft_tokens.shape
-    accepted = np.zeros(B, np.int64)
-    out = np.full((B, D + 1), -1, np.int64)
+    B, D = draft_tokens.shape  # (B, D); target_argmax (B, D + 1); verify_len (B,)
+    accepted = np.zeros(B, np.int64)  # (B,)
+    out = np.full((B, D + 1), -1, np.int64)  # (B, D + 1)
     for r in range(B):
         a = 0
         while a < min(verify_len[r], D) and draft_tokens[r, a] == target_argmax[r, a]:

@@ -33,7 +33,8 @@ from tqdm import tqdm
 from specdepth.experiments.cli.argtypes import positive_int
 from specdepth.experiments.results_io import default_out, stamp, table, write_result
 
-# off, the draft model's best static depth and dspark on it, then the default drafter's (suffix)
+# off, static depth 1 and dspark with the draft model, then static depth 8 and dspark with the
+# default drafter (suffix)
 DEFAULT_VARIANTS = ("off", "static:k=1", "dspark", "static:k=8@suffix", "dspark@suffix")
 # --all adds the other model-free drafters and the hybrid against Arctic Inference's rule
 MORE_VARIANTS = ("static:k=4@ngram", "static:k=8@ngram", "dspark@ngram", "arctic-hybrid@hybrid", "dspark@hybrid")
@@ -51,6 +52,12 @@ def split_variant(v: str) -> tuple[str, str]:
     """`POLICY[@DRAFTER]` -> (policy, drafter)."""
     policy, _, drafter = v.partition("@")
     return policy, drafter or "model"
+
+
+def variant_list(asked: list[str] | None, every: bool) -> list[str]:
+    """The variants a run times: off first, then those asked (default: DEFAULT_VARIANTS), then
+    MORE_VARIANTS with --all; each once."""
+    return list(dict.fromkeys(["off", *(asked or DEFAULT_VARIANTS), *(MORE_VARIANTS if every else ())]))
 
 
 def prompt_sets(kind: str) -> list[str]:
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kinds: unknown kind {bad[0]!r}; expected code, prose")
     if args.all and args.variant:
         ap.error("--all and --variant: choose one")
-    variants = list(dict.fromkeys(["off", *(args.variant or DEFAULT_VARIANTS), *(MORE_VARIANTS if args.all else ())]))
+    variants = variant_list(args.variant, args.all)
     meta, rng = stamp(), random.Random(args.seed)
     pools = {k: prompt_sets(k) for k in kinds}
     print("taking the cost profile (cached after the first time) ...", file=sys.stderr)

@@ -10,7 +10,7 @@ from specdepth.workers.runner import PairRunner
 
 
 def failed(logits: torch.Tensor, n_valid: list[int]) -> list[int]:
-    return sorted(PairRunner._check_finite(None, logits, np.array(n_valid), "target"))
+    return sorted(PairRunner._check_finite(logits, np.array(n_valid), "target"))
 
 
 def test_only_rows_with_a_non_finite_logit_where_they_verify_fail() -> None:

@@ -5,6 +5,7 @@ nothing, a plain step with no draft at all)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specdepth.workers.sampler import greedy_verify
 
@@ -41,3 +42,11 @@ def test_greedy_verify_on_a_steps_shapes() -> None:
     assert out.tolist() == [[5, 6, 9, -1], [5, 6, 7, -1], [9, -1, -1, -1]]
     accepted, out = greedy_verify(np.zeros((2, 0), np.int64), np.array([[4], [7]]), np.zeros(2, np.int64))
     assert accepted.tolist() == [0, 0] and out.tolist() == [[4], [7]]  # a plain step: the argmax alone
+
+
+def test_greedy_verify_refuses_shapes_that_disagree() -> None:
+    ok_draft, ok_target, ok_len = np.zeros((2, 3), np.int64), np.zeros((2, 4), np.int64), np.zeros(2, np.int64)
+    for draft, target, lens in ((ok_draft, ok_target[:, :3], ok_len), (ok_draft, ok_target, ok_len[:1]),
+                                (ok_draft[0], ok_target, ok_len), (ok_draft, ok_target[:1], ok_len)):
+        with pytest.raises(ValueError, match="greedy_verify: shapes"):
+            greedy_verify(draft, target, lens)

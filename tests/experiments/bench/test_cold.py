@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import pytest
 
-from specdepth.experiments.bench.cold import DEFAULT_VARIANTS, MORE_VARIANTS, main, summarise
+import specdepth.experiments.bench.cold as cold
+from specdepth.experiments.bench.cold import DEFAULT_VARIANTS, MORE_VARIANTS, main, summarise, variant_list
 
 
 def test_the_default_set_holds_what_the_goal_compares_and_all_adds_the_other_drafters() -> None:
     assert DEFAULT_VARIANTS[0] == "off" and {"static:k=1", "dspark", "dspark@suffix"} <= set(DEFAULT_VARIANTS)
     assert not set(DEFAULT_VARIANTS) & set(MORE_VARIANTS)
+    assert variant_list(None, False) == list(DEFAULT_VARIANTS)
+    assert variant_list(None, True) == [*DEFAULT_VARIANTS, *MORE_VARIANTS]
+    assert variant_list(["dspark@ngram", "off", "dspark@ngram"], False) == ["off", "dspark@ngram"]  # off first, once
 
 
 @pytest.mark.parametrize("argv, says", [(["--all", "--variant", "dspark"], "--all and --variant"),
                                         (["--kinds", "code,poetry"], "unknown kind 'poetry'"),
                                         (["--rounds", "0"], "--rounds")])
-def test_a_bad_invocation_is_refused_in_one_line_before_any_run(argv, says, capsys) -> None:
+def test_a_bad_invocation_is_refused_in_one_line_before_any_run(argv, says, capsys, monkeypatch) -> None:
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started")
+    monkeypatch.setattr(cold, "run_generate", no_run)  # a regression fails here, not minutes later
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
