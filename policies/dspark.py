@@ -162,8 +162,9 @@ class DSpark(DepthPolicy):
     def plan(self, ctx: PlanContext) -> np.ndarray:
         B, K = ctx.batch_size, ctx.max_depth
         m = self._measure
+        free = _free_draft(ctx.cost)  # a model-free drafter: no draft pass, nothing for keep_drafting to stop
         if self.rail and ctx.cost_learns and not self._rail.speculates(B, lambda: self._plain_goodput(ctx),
-                                                                       quick=not _free_draft(ctx.cost)):
+                                                                       quick=not free):
             # measured: speculating is slower here (or a plain step to compare): nothing to plan
             return self._plain(ctx)
         if self._in_spell(ctx):  # the last plans drafted nothing: nor does this one
@@ -185,13 +186,13 @@ class DSpark(DepthPolicy):
             if deepest > 0 and m.probes_now(bucket, ctx, budgets, int(deepest), prices, self.price_draft):
                 budgets[:], deepest = 0, 0
             elif deepest == 0 and not closing:
-                rows = m.try_rows(bucket, ctx, prices, self._draft_lag, _free_draft(ctx.cost))
+                rows = m.try_rows(bucket, ctx, prices, self._draft_lag, free)
                 if rows is not None:
                     budgets[rows & (np.asarray(ctx.prior_conf)[:, 0] > 0)] = 1
                     deepest, tried = int(budgets.max(initial=0)), True
         weigh_verify = self.weigh_verify and ctx.cost_learns
-        if deepest > 0 and _free_draft(ctx.cost):  # no draft pass to stop after: drafted to the budgets,
-            m.fixed_step = ctx.step  # `keep_drafting` never asked (a drafting step's measure weighs nothing)
+        if deepest > 0 and free:  # drafted to the budgets, `keep_drafting` never asked (the ask gate's
+            m.fixed_step = ctx.step  # measure would weigh a step against itself)
             if weigh_verify and (tried or not m.asks_verify(bucket.verify_fixed)):
                 m.skip_verify_step = ctx.step
         elif self.dynamic and deepest > 0 and not tried and m.asks_keep_drafting(bucket, ctx.step):
